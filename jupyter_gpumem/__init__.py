@@ -1,0 +1,45 @@
+"""Where your PyTorch GPU memory goes, cell by cell, in Jupyter.
+
+This module holds only the IPython and Jupyter Server entry points. Importing it
+imports neither torch nor pynvml and never initialises CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "history", "load_ipython_extension", "unload_ipython_extension"]
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from IPython.core.interactiveshell import InteractiveShell
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    """`%load_ext jupyter_gpumem`: register the `%%gpumem` magics."""
+    from jupyter_gpumem import magic
+
+    magic.load(ipython)
+
+
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
+    """`%unload_ext jupyter_gpumem`: remove every magic and hook the extension installed."""
+    from jupyter_gpumem import magic
+
+    magic.unload(ipython)
+
+
+def history() -> pd.DataFrame:
+    """Every `%%gpumem` report of this kernel, one row per cell and device."""
+    from jupyter_gpumem.history import to_dataframe
+
+    return to_dataframe()
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "jupyter-gpumem"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    return [{"module": "jupyter_gpumem.server"}]
