@@ -1,0 +1,4 @@
+declare module '*.svg' {
+  const value: string;
+  export default value;
+}
