@@ -1,0 +1,1 @@
+"""Pure functions over what a tracker recorded: replay, peaks, breakdown, tensor delta."""

@@ -1,0 +1,104 @@
+"""Turn a cell's recording into its report: pure, so it is tested without a GPU."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+
+from jupyter_gpumem.analysis.peaks import device_peaks
+from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
+from jupyter_gpumem.tracking.cell import CellRecording
+from jupyter_gpumem.tracking.cuda import DeviceRecording
+from jupyter_gpumem.units import format_bytes
+
+
+def build_report(
+    rec: CellRecording,
+    *,
+    name: str | None = None,
+    execution_count: int | None = None,
+    budget_bytes: int | None = None,
+    all_devices: bool = False,
+    process_bytes: Mapping[int, int | None] | None = None,
+) -> Report:
+    """The report of one cell. ``process_bytes`` maps device index to NVML's figure for this process."""
+    notes = list(rec.notes)
+    warnings: list[str] = []
+    devices: list[DeviceReport] = []
+    sources: set[str] = set()
+    chosen = rec.devices if all_devices else _touched(rec.devices)
+    for index, drec in sorted(chosen.items()):
+        peaks = device_peaks(drec)
+        sources.add(peaks.source)
+        if peaks.note:
+            notes.append(f"cuda:{index}: {peaks.note}")
+        nvml = (process_bytes or {}).get(index)
+        devices.append(
+            DeviceReport(
+                device=f"cuda:{index}",
+                index=index,
+                name=drec.name,
+                total_bytes=drec.total_bytes,
+                allocated_before_bytes=drec.allocated_before,
+                allocated_after_bytes=drec.allocated_after,
+                allocated_delta_bytes=drec.allocated_after - drec.allocated_before,
+                peak_allocated_bytes=peaks.peak_allocated,
+                peak_reserved_bytes=peaks.peak_reserved,
+                reserved_after_bytes=drec.reserved_after,
+                cache_bytes=drec.reserved_after - drec.allocated_after,
+                nvml_process_bytes=nvml,
+                non_torch_bytes=None if nvml is None else max(0, nvml - drec.reserved_after),
+                source=peaks.source,
+            )
+        )
+    if not rec.cuda_available:
+        notes.insert(0, NO_CUDA)
+    status = "ok"
+    error = None
+    if rec.error is not None:
+        status = "oom" if type(rec.error).__name__ == "OutOfMemoryError" else "error"
+        error = f"{type(rec.error).__name__}: {rec.error}"
+    report = Report(
+        id=uuid.uuid4().hex,
+        name=name,
+        execution_count=execution_count,
+        started_at=rec.started_at,
+        wall_s=rec.wall_s,
+        status=status,
+        error=error,
+        cuda_available=rec.cuda_available,
+        source="counters" if "counters" in sources else "allocator-trace" if sources else "none",
+        budget_bytes=budget_bytes,
+        devices=tuple(devices),
+        notes=tuple(notes),
+        warnings=tuple(warnings),
+    )
+    if report.over_budget and report.peak_allocated_bytes is not None:
+        over = report.peak_allocated_bytes - (budget_bytes or 0)
+        message = (
+            f"peak {format_bytes(report.peak_allocated_bytes)} on {report.device} exceeds the budget "
+            f"of {format_bytes(budget_bytes)} by {format_bytes(over)}"
+        )
+        report = _with_warning(report, message)
+    return report
+
+
+def _touched(devices: Mapping[int, DeviceRecording]) -> dict[int, DeviceRecording]:
+    """Devices the cell used; the first device when it used none, so the report is never blank."""
+    used = {
+        i: d
+        for i, d in devices.items()
+        if d.events
+        or d.allocated_after != d.allocated_before
+        or d.reserved_after != d.reserved_before
+        or (d.peak_counters_reset and d.max_allocated_after > d.allocated_before)
+    }
+    if used or not devices:
+        return used
+    first = min(devices)
+    return {first: devices[first]}
+
+
+def _with_warning(report: Report, message: str) -> Report:
+    return replace(report, warnings=(*report.warnings, message))

@@ -1,0 +1,294 @@
+"""Replay the CUDA caching allocator's trace to get exact per-interval peaks.
+
+The allocator's trace records *requested* sizes, while its ``allocated_bytes``
+counter (``torch.cuda.memory_allocated``) counts *block* sizes: the request
+rounded up, or a whole free block when the remainder was too small to split.
+To reproduce the counter to the byte, the replay keeps a model of every
+segment's blocks, starting from the layout at the start of the interval, and
+applies the allocator's rounding and split rules to each event.
+
+Pure: takes plain records, touches neither torch nor CUDA.
+
+Known limitations:
+- Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``),
+  ``roundup_power2_divisions`` and ``max_split_size_mb`` change the block rules;
+  the replay then reports itself inexact and callers fall back to counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
+SMALL_SEGMENT = 2 << 20  # the small pool's segments are exactly 2 MiB
+MIN_BLOCK = 512
+
+ALLOCATED, PENDING, FREE = "allocated", "pending", "free"
+
+
+@dataclass(frozen=True)
+class BlockState:
+    """One block of a segment at the start of the interval."""
+
+    address: int
+    size: int
+    state: str  # ALLOCATED, PENDING (freed, awaiting stream events) or FREE
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """One cudaMalloc'd segment at the start of the interval."""
+
+    address: int
+    total_size: int
+    is_small: bool
+    blocks: tuple[BlockState, ...]
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One allocator action, as recorded by ``_record_memory_history``."""
+
+    action: str  # alloc, free_requested, free_completed, segment_alloc, segment_free, ...
+    address: int
+    size: int  # requested bytes for alloc/free, segment bytes for segment actions
+    time_us: int = 0
+    frames: Sequence[Mapping[str, Any]] = ()  # {filename, line, name}, innermost first
+
+
+@dataclass(frozen=True)
+class Live:
+    """A block that was allocated at the peak."""
+
+    address: int
+    size: int
+    requested_size: int
+    event_index: int  # index of its alloc event, -1 if allocated before the interval
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the interval did to one device's allocator."""
+
+    exact: bool
+    reason: str | None  # why the replay is not exact
+    allocated_start: int
+    allocated_end: int
+    reserved_start: int
+    reserved_end: int
+    peak_allocated: int
+    peak_reserved: int
+    peak_index: int  # index of the event that reached the peak, -1 if the start was the peak
+    live_at_peak: tuple[Live, ...]
+    allocated_series: tuple[int, ...]  # allocated after each event
+    reserved_series: tuple[int, ...]  # reserved after each event
+    oom_index: int | None = None  # first out-of-memory event, if any
+    live_at_oom: tuple[Live, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class _Block:
+    address: int
+    size: int
+    state: str
+    segment: int
+    requested: int = 0
+    alloc_index: int = -1
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+@dataclass
+class _Model:
+    """The allocator's blocks, keyed by address."""
+
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    small_segments: set[int] = field(default_factory=set)
+    allocated: int = 0
+    reserved: int = 0
+
+    def add_segment(
+        self, address: int, size: int, is_small: bool, blocks: Sequence[BlockState]
+    ) -> None:
+        self.reserved += size
+        if is_small:
+            self.small_segments.add(address)
+        chain = blocks or (BlockState(address, size, FREE),)
+        prev: _Block | None = None
+        for b in sorted(chain, key=lambda b: b.address):
+            block = _Block(b.address, b.size, b.state, address, prev=prev)
+            if prev is not None:
+                prev.next = block
+            self.blocks[b.address] = block
+            if b.state == ALLOCATED:
+                self.allocated += b.size
+                block.requested = b.size
+            prev = block
+
+    def alloc(self, address: int, requested: int, index: int) -> None:
+        block = self.blocks.get(address)
+        if block is None or block.state != FREE:
+            raise _Mismatch(f"alloc at {address:#x} where the model has no free block")
+        size = round_size(requested)
+        if size > block.size:
+            raise _Mismatch(f"alloc of {size} bytes at {address:#x} exceeds its free block")
+        remaining = block.size - size
+        small = size <= SMALL_SIZE
+        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+            rest = _Block(
+                address + size, remaining, FREE, block.segment, prev=block, next=block.next
+            )
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self.blocks[rest.address] = rest
+        block.state, block.requested, block.alloc_index = ALLOCATED, requested, index
+        self.allocated += block.size
+
+    def free_requested(self, address: int) -> None:
+        block = self.blocks.get(address)
+        if block is None or block.state != ALLOCATED:
+            raise _Mismatch(f"free of {address:#x}, which the model does not hold as allocated")
+        block.state = PENDING
+        self.allocated -= block.size
+
+    def free_completed(self, address: int) -> None:
+        block = self.blocks.get(address)
+        if block is None or block.state != PENDING:
+            raise _Mismatch(f"free completed at {address:#x} without a pending free")
+        block.state = FREE
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.state == FREE:
+                block = self._merge(block, neighbour)
+
+    def _merge(self, block: _Block, other: _Block) -> _Block:
+        first, second = (other, block) if other.address < block.address else (block, other)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        del self.blocks[second.address]
+        return first
+
+    def segment_free(self, address: int, size: int) -> None:
+        block = self.blocks.get(address)
+        if block is None or block.state != FREE or block.size != size:
+            raise _Mismatch(f"segment free at {address:#x} while the model has it in use")
+        del self.blocks[address]
+        self.small_segments.discard(address)
+        self.reserved -= size
+
+    def live(self) -> tuple[Live, ...]:
+        return tuple(
+            Live(b.address, b.size, b.requested, b.alloc_index)
+            for b in self.blocks.values()
+            if b.state == ALLOCATED
+        )
+
+
+class _Mismatch(Exception):
+    """The trace disagrees with the model: the replay cannot be exact."""
+
+
+def round_size(requested: int) -> int:
+    """The allocator's default rounding: at least 512 bytes, in multiples of 512."""
+    if requested < MIN_BLOCK:
+        return MIN_BLOCK
+    return MIN_BLOCK * -(-requested // MIN_BLOCK)
+
+
+def replay(
+    segments: Sequence[SegmentState],
+    events: Sequence[TraceEvent],
+    *,
+    allocated_start: int | None = None,
+    reserved_start: int | None = None,
+    keep_live_at_peak: bool = True,
+) -> Replay:
+    """Replay ``events`` over the allocator layout ``segments``.
+
+    ``allocated_start``/``reserved_start`` are the counters read at the start;
+    when given, the model's own totals must agree or the replay is marked inexact.
+    """
+    model = _Model()
+    for seg in segments:
+        model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+    reason: str | None = None
+    if allocated_start is not None and allocated_start != model.allocated:
+        reason = f"start layout holds {model.allocated} allocated bytes, counters {allocated_start}"
+    if reserved_start is not None and reserved_start != model.reserved:
+        reason = (
+            reason
+            or f"start layout holds {model.reserved} reserved bytes, counters {reserved_start}"
+        )
+    a0, r0 = model.allocated, model.reserved
+    peak_a, peak_r, peak_index = a0, r0, -1
+    live_at_peak = model.live() if keep_live_at_peak else ()
+    alloc_series: list[int] = []
+    reserved_series: list[int] = []
+    oom_index: int | None = None
+    live_at_oom: tuple[Live, ...] = ()
+    for i, ev in enumerate(events):
+        if reason is None:
+            try:
+                _apply(model, ev, i)
+            except _Mismatch as exc:
+                reason = str(exc)
+        if ev.action == "oom" and oom_index is None:
+            oom_index, live_at_oom = i, model.live()
+        alloc_series.append(model.allocated)
+        reserved_series.append(model.reserved)
+        if model.reserved > peak_r:
+            peak_r = model.reserved
+        if model.allocated > peak_a:
+            peak_a, peak_index = model.allocated, i
+            if keep_live_at_peak:
+                live_at_peak = ()  # rebuilt once after the loop: cheaper than at every new peak
+    if keep_live_at_peak and peak_index >= 0:
+        live_at_peak = _live_after(segments, events, peak_index)
+    return Replay(
+        exact=reason is None,
+        reason=reason,
+        allocated_start=a0,
+        allocated_end=model.allocated,
+        reserved_start=r0,
+        reserved_end=model.reserved,
+        peak_allocated=peak_a,
+        peak_reserved=peak_r,
+        peak_index=peak_index,
+        live_at_peak=live_at_peak,
+        allocated_series=tuple(alloc_series),
+        reserved_series=tuple(reserved_series),
+        oom_index=oom_index,
+        live_at_oom=live_at_oom,
+    )
+
+
+def _apply(model: _Model, ev: TraceEvent, index: int) -> None:
+    if ev.action == "alloc":
+        model.alloc(ev.address, ev.size, index)
+    elif ev.action == "free_requested":
+        model.free_requested(ev.address)
+    elif ev.action == "free_completed":
+        model.free_completed(ev.address)
+    elif ev.action == "segment_alloc":
+        model.add_segment(ev.address, ev.size, ev.size == SMALL_SEGMENT, ())
+    elif ev.action == "segment_free":
+        model.segment_free(ev.address, ev.size)
+    elif ev.action in ("segment_map", "segment_unmap"):
+        raise _Mismatch("expandable segments are not modelled")
+    # "oom", "snapshot" and unknown future actions change no counter
+
+
+def _live_after(
+    segments: Sequence[SegmentState], events: Sequence[TraceEvent], last: int
+) -> tuple[Live, ...]:
+    model = _Model()
+    for seg in segments:
+        model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+    for i in range(last + 1):
+        _apply(model, events[i], i)
+    return model.live()

@@ -1,0 +1,253 @@
+"""`%%gpumem` and `%gpumem`: parse options, run the cell under a tracker, show the report.
+
+A failure inside jupyter_gpumem never breaks the user's cell: the cell's own
+result or exception always comes through unchanged, and a report that cannot be
+built becomes a warning.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+import os
+import shlex
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from jupyter_gpumem import history
+from jupyter_gpumem.analysis.cell import build_report
+from jupyter_gpumem.report import Report
+from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
+from jupyter_gpumem.tracking.cuda import GUARD
+from jupyter_gpumem.units import parse_size
+
+CELL_USAGE = (
+    "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
+    "[--no-trace] [--quiet]"
+)
+LINE_COMMANDS = ("status", "history", "monitor")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`%%gpumem` options after validation."""
+
+    output: str | None
+    name: str | None
+    devices: tuple[int, ...] | None
+    all_devices: bool
+    budget_bytes: int | None
+    snapshot: str | None
+    trace: bool
+    quiet: bool
+
+
+class _Parser:
+    """Holds the magic_arguments declaration; its docstring is the magic's help."""
+
+    @magic_arguments()
+    @argument("-o", dest="output", metavar="VAR", help="store the report in this variable")
+    @argument("--name", metavar="LABEL", help="label the report")
+    @argument(
+        "--device", metavar="N|all", help="report device N, or all devices (default: those used)"
+    )
+    @argument("--budget", metavar="SIZE", help="warn when the peak exceeds SIZE, e.g. 16GiB")
+    @argument("--snapshot", metavar="PATH", help="write a memory_viz snapshot pickle to PATH")
+    @argument(
+        "--no-trace", action="store_true", help="counters only (cheapest); resets peak counters"
+    )
+    @argument("--quiet", action="store_true", help="show nothing; the report is still stored")
+    def gpumem(self, line: str) -> None:
+        """Track GPU memory of a cell: exact peak allocated/reserved per device."""
+
+
+def parse_options(line: str) -> Options:
+    """Validate `%%gpumem` options; UsageError names what is allowed."""
+    try:
+        args = parse_argstring(_Parser.gpumem, line)
+    except UsageError as exc:
+        raise UsageError(f"{exc}\nusage: {CELL_USAGE}") from None
+    if args.output is not None and (
+        not args.output.isidentifier() or keyword.iskeyword(args.output)
+    ):
+        raise UsageError(f"-o needs a Python variable name, got {args.output!r}")
+    devices: tuple[int, ...] | None = None
+    all_devices = False
+    if args.device is not None:
+        if args.device == "all":
+            all_devices = True
+        elif args.device.isdigit():
+            devices = (int(args.device),)
+        else:
+            raise UsageError(
+                f"--device takes a device index (0, 1, ...) or 'all', got {args.device!r}"
+            )
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = parse_size(args.budget)
+        except ValueError as exc:
+            raise UsageError(f"--budget: {exc}") from None
+    if args.snapshot is not None and args.no_trace:
+        raise UsageError(
+            "--snapshot needs the allocator trace; it cannot be combined with --no-trace"
+        )
+    if args.snapshot is not None:
+        parent = os.path.dirname(os.path.abspath(args.snapshot))
+        if not os.path.isdir(parent):
+            raise UsageError(f"--snapshot: the folder {parent!r} does not exist")
+    return Options(
+        output=args.output,
+        name=args.name,
+        devices=devices,
+        all_devices=all_devices,
+        budget_bytes=budget,
+        snapshot=args.snapshot,
+        trace=not args.no_trace,
+        quiet=args.quiet,
+    )
+
+
+@magics_class
+class GpuMemMagics(Magics):
+    """The `gpumem` line and cell magic."""
+
+    @line_cell_magic
+    def gpumem(self, line: str, cell: str | None = None) -> Any:
+        if cell is None:
+            return self._line(line)
+        opts = parse_options(line)
+        self._check_devices(opts)
+        tracker = CellTracker(
+            CellOptions(
+                trace=opts.trace,
+                devices=opts.devices,
+                all_devices=opts.all_devices,
+                snapshot_path=opts.snapshot,
+            )
+        )
+        tracker.start()
+        error: BaseException | None = None
+        try:
+            return self._run(cell)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._finish(tracker, opts, error)
+
+    def _run(self, cell: str) -> Any:
+        """Run the cell in the user namespace; the value of a final expression is returned."""
+        shell = self.shell
+        assert shell is not None
+        source = shell.transform_cell(cell)
+        filename = shell.compile.cache(cell, shell.execution_count, raw_code=cell)
+        tree = ast.parse(source, filename=filename)
+        tail = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            tail = ast.Expression(tree.body.pop().value)
+        ns = shell.user_ns
+        exec(compile(tree, filename, "exec"), ns)
+        return eval(compile(tail, filename, "eval"), ns) if tail is not None else None
+
+    def _finish(self, tracker: CellTracker, opts: Options, error: BaseException | None) -> None:
+        try:
+            recording = tracker.stop(error)
+            report = build_report(
+                recording,
+                name=opts.name,
+                execution_count=self.shell.execution_count if self.shell else None,
+                budget_bytes=opts.budget_bytes,
+                all_devices=opts.all_devices,
+            )
+        except Exception as exc:
+            warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
+            return
+        history.record(report)
+        if opts.output and self.shell is not None:
+            self.shell.user_ns[opts.output] = report
+        if opts.quiet:
+            for w in report.warnings:
+                warnings.warn(w, stacklevel=2)
+        else:
+            display(report)
+
+    def _check_devices(self, opts: Options) -> None:
+        torch = sys.modules.get("torch")
+        if opts.devices is None or torch is None or not torch.cuda.is_available():
+            return
+        count = torch.cuda.device_count()
+        if opts.devices[0] >= count:
+            allowed = ", ".join(str(i) for i in range(count))
+            raise UsageError(
+                f"--device {opts.devices[0]}: this process sees devices {allowed} (or 'all')"
+            )
+
+    def _line(self, line: str) -> Any:
+        words = shlex.split(line)
+        command = words[0] if words else "status"
+        if command == "status":
+            return _status()
+        if command == "history":
+            return history.to_dataframe()
+        if command == "monitor":
+            from jupyter_gpumem.widgets.monitor import show
+
+            return show()
+        raise UsageError(f"%gpumem takes one of: {', '.join(LINE_COMMANDS)}; got {command!r}")
+
+
+def _status() -> None:
+    torch = sys.modules.get("torch")
+    reports: list[Report] = history.reports()
+    cuda = "torch not imported yet"
+    if torch is not None:
+        cuda = (
+            f"{torch.cuda.device_count()} CUDA device(s)"
+            if torch.cuda.is_available()
+            else "no CUDA device"
+        )
+    lines = [f"jupyter_gpumem: {cuda}; {len(reports)} report(s) this kernel"]
+    if reports:
+        lines.append(str(reports[-1]))
+    print("\n".join(lines))
+
+
+_MAGICS: dict[int, GpuMemMagics] = {}
+
+
+def load(shell: InteractiveShell) -> None:
+    """Register the magics; loading twice is harmless."""
+    if id(shell) in _MAGICS:
+        return
+    magics = GpuMemMagics(shell)
+    shell.register_magics(magics)
+    _MAGICS[id(shell)] = magics
+    GUARD.install()
+    shell.events.register("post_run_cell", _install_guard)
+
+
+def unload(shell: InteractiveShell) -> None:
+    """Remove the magics and every hook the extension installed."""
+    if _MAGICS.pop(id(shell), None) is None:
+        return
+    table = shell.magics_manager.magics
+    for kind in ("line", "cell"):
+        table[kind].pop("gpumem", None)
+    shell.magics_manager.registry.pop("GpuMemMagics", None)
+    shell.events.unregister("post_run_cell", _install_guard)
+    GUARD.uninstall()
+
+
+def _install_guard(result: Any = None) -> None:
+    """Watch the user's history recording as soon as they import torch."""
+    if not GUARD.installed and "torch" in sys.modules:
+        GUARD.install()

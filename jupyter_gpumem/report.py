@@ -1,0 +1,212 @@
+"""The `%%gpumem` report: a frozen record of plain numbers and its renderings.
+
+Numbers are bytes (int) and seconds (float); units appear only in the text and
+HTML renderings. ``to_dict()`` is the wire format behind the
+``application/vnd.jupyter-gpumem.report+json`` output that the sidebar reads.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from jupyter_gpumem.units import format_bytes, format_seconds
+
+MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
+SCHEMA = 1
+NO_CUDA = "No CUDA device is present: the cell ran unchanged and no GPU memory was measured."
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """One device's numbers for one cell."""
+
+    device: str  # "cuda:0"
+    index: int
+    name: str
+    total_bytes: int | None
+    allocated_before_bytes: int
+    allocated_after_bytes: int
+    allocated_delta_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    reserved_after_bytes: int
+    cache_bytes: int  # reserved - allocated after the cell
+    nvml_process_bytes: int | None  # what the driver charges this process on the device
+    non_torch_bytes: (
+        int | None
+    )  # nvml_process_bytes - reserved: CUDA context, cuBLAS, other libraries
+    source: str  # "allocator-trace" or "counters"
+    breakdown: dict[str, int] | None = None
+    peak_phase: str | None = None
+    peak_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one `%%gpumem` cell did to GPU memory."""
+
+    id: str
+    name: str | None
+    execution_count: int | None
+    started_at: float
+    wall_s: float
+    status: str  # "ok", "error" or "oom"
+    error: str | None
+    cuda_available: bool
+    source: str  # "allocator-trace", "counters" or "none"
+    budget_bytes: int | None
+    devices: tuple[DeviceReport, ...] = ()
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    schema: int = SCHEMA
+    extras: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- the main device's numbers, for `-o r` users -------------------------------
+    @property
+    def main(self) -> DeviceReport | None:
+        """The device the cell used most (largest peak above its starting point)."""
+        if not self.devices:
+            return None
+        return max(self.devices, key=lambda d: d.peak_allocated_bytes - d.allocated_before_bytes)
+
+    @property
+    def device(self) -> str | None:
+        return self.main.device if self.main else None
+
+    @property
+    def peak_allocated_bytes(self) -> int | None:
+        return self.main.peak_allocated_bytes if self.main else None
+
+    @property
+    def peak_reserved_bytes(self) -> int | None:
+        return self.main.peak_reserved_bytes if self.main else None
+
+    @property
+    def allocated_before_bytes(self) -> int | None:
+        return self.main.allocated_before_bytes if self.main else None
+
+    @property
+    def allocated_after_bytes(self) -> int | None:
+        return self.main.allocated_after_bytes if self.main else None
+
+    @property
+    def cache_bytes(self) -> int | None:
+        return self.main.cache_bytes if self.main else None
+
+    @property
+    def over_budget(self) -> bool:
+        peak = self.peak_allocated_bytes
+        return self.budget_bytes is not None and peak is not None and peak > self.budget_bytes
+
+    # -- renderings ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "extras":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "devices":
+                value = [d.to_dict() for d in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        out.update(self.extras)
+        return out
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {
+            "text/plain": render_text(self),
+            "text/html": render_html(self),
+            MIME_TYPE: self.to_dict(),
+        }
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+
+_ROWS: tuple[tuple[str, str, bool], ...] = (
+    ("peak allocated", "peak_allocated_bytes", False),
+    ("peak reserved", "peak_reserved_bytes", False),
+    ("allocated before", "allocated_before_bytes", False),
+    ("allocated after", "allocated_after_bytes", False),
+    ("allocated delta", "allocated_delta_bytes", True),
+    ("cache (reserved - allocated)", "cache_bytes", False),
+    ("process memory (NVML)", "nvml_process_bytes", False),
+    ("  not PyTorch's", "non_torch_bytes", False),
+)
+
+
+def _title(r: Report) -> str:
+    label = f" {r.name}" if r.name else ""
+    state = {"ok": "", "error": " (cell raised)", "oom": " (out of memory)"}.get(r.status, "")
+    return f"gpumem{label}: {format_seconds(r.wall_s)}{state}"
+
+
+def render_text(r: Report) -> str:
+    """Fixed-width text, one column per device."""
+    lines = [_title(r)]
+    if not r.cuda_available:
+        lines.append(NO_CUDA)
+    if r.devices:
+        heads = [f"{d.device} {d.name}" for d in r.devices]
+        width = max(28, *(len(label) for label, _, _ in _ROWS))
+        cols = [max(12, len(h)) for h in heads]
+        lines.append(
+            " " * width + "  " + "  ".join(h.rjust(c) for h, c in zip(heads, cols, strict=True))
+        )
+        for label, key, signed in _ROWS:
+            cells = [format_bytes(getattr(d, key), signed=signed) for d in r.devices]
+            lines.append(
+                label.ljust(width)
+                + "  "
+                + "  ".join(v.rjust(c) for v, c in zip(cells, cols, strict=True))
+            )
+    if r.budget_bytes is not None:
+        verdict = "OVER" if r.over_budget else "within"
+        lines.append(f"budget {format_bytes(r.budget_bytes)}: peak is {verdict} budget")
+    lines.extend(f"warning: {w}" for w in r.warnings)
+    lines.extend(f"note: {n}" for n in r.notes)
+    return "\n".join(lines)
+
+
+def render_html(r: Report) -> str:
+    """A compact, theme-aware table (JupyterLab CSS variables with plain fallbacks)."""
+    esc = html.escape
+    style = (
+        "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px);"
+        "border-collapse:collapse"
+    )
+    parts = [f'<div class="jp-gpumem-report"><strong>{esc(_title(r))}</strong>']
+    if not r.cuda_available:
+        parts.append(f"<p>{esc(NO_CUDA)}</p>")
+    if r.devices:
+        parts.append(f'<table style="{style}"><thead><tr><th></th>')
+        parts.extend(
+            f'<th style="text-align:right;padding:0 .8em">{esc(d.device)} {esc(d.name)}</th>'
+            for d in r.devices
+        )
+        parts.append("</tr></thead><tbody>")
+        for label, key, signed in _ROWS:
+            parts.append(f'<tr><td style="padding-right:1em">{esc(label.strip())}</td>')
+            parts.extend(
+                f'<td style="text-align:right;padding:0 .8em">{esc(format_bytes(getattr(d, key), signed=signed))}</td>'
+                for d in r.devices
+            )
+            parts.append("</tr>")
+        parts.append("</tbody></table>")
+    if r.budget_bytes is not None:
+        verdict = "over" if r.over_budget else "within"
+        parts.append(
+            f"<p>Budget {esc(format_bytes(r.budget_bytes))}: peak is {verdict} budget.</p>"
+        )
+    parts.extend(
+        f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in r.warnings
+    )
+    parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
+    parts.append("</div>")
+    return "".join(parts)

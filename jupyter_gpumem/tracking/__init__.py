@@ -1,0 +1,1 @@
+"""Event sources that record while a cell runs: the CUDA allocator trace and counters."""
