@@ -32,7 +32,7 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
 
 def history() -> pd.DataFrame:
     """Every `%%gpumem` report of this kernel, one row per cell and device."""
-    from jupyter_gpumem.history import to_dataframe
+    from jupyter_gpumem.kernel_history import to_dataframe
 
     return to_dataframe()
 

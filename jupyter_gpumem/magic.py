@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from jupyter_gpumem import history
+from jupyter_gpumem import kernel_history as history
 from jupyter_gpumem.analysis.cell import build_report
 from jupyter_gpumem.report import Report
 from jupyter_gpumem.tracking.cell import CellOptions, CellTracker

@@ -1,0 +1,124 @@
+"""REST handlers under ``{base_url}/jupyter-gpumem/api/``: thin readers of the sampler.
+
+Every verb is authenticated and authorised. No handler calls NVML: they read the latest
+sample (waiting briefly, without blocking the event loop, for the very first one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+import jupyter_gpumem
+from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
+from jupyter_gpumem.server.records import Reason, Sample
+from jupyter_gpumem.server.sampler import Sampler
+
+__all__ = ["API_PREFIX", "handlers"]
+
+API_PREFIX = "jupyter-gpumem/api"
+SETTINGS_KEY = "jupyter_gpumem"
+FIRST_SAMPLE_WAIT_S = 2.0
+
+
+class GpuMemHandler(APIHandler):
+    """Shared access to the server's sampler."""
+
+    auth_resource = "gpumem"
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.settings[SETTINGS_KEY]["sampler"]
+
+    async def latest_sample(self) -> Sample:
+        """The newest sample; before the first one exists, wait a little, then say so."""
+        sampler = self.sampler
+        deadline = time.monotonic() + FIRST_SAMPLE_WAIT_S
+        sample = sampler.latest()
+        while sample is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            sample = sampler.latest()
+        if sample is None:
+            return Sample.unavailable(time.time(), sampler.interval_s, Reason.STARTING)
+        return sample
+
+    def finish_json(self, body: dict[str, Any]) -> None:
+        self.set_header("Cache-Control", "no-store")
+        self.finish(body)
+
+
+class HealthHandler(GpuMemHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        sample = await self.latest_sample()
+        self.finish_json({
+            "status": "ok",
+            "version": jupyter_gpumem.__version__,
+            "nvml": {"available": sample.available, "reason": sample.reason},
+        })
+
+
+class SampleHandler(GpuMemHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish_json((await self.latest_sample()).to_json())
+
+
+class HistoryHandler(GpuMemHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        raw = self.get_query_argument("since", None)
+        since: float | None = None
+        if raw is not None:
+            try:
+                since = float(raw)
+            except ValueError:
+                since = math.nan
+            if not math.isfinite(since):
+                raise tornado.web.HTTPError(
+                    400, f"since={raw!r} is not allowed: give a unix time in seconds "
+                    "(e.g. since=1767225600.5), or leave it out for the whole history"
+                )
+        sampler = self.sampler
+        self.finish_json({
+            "interval_s": sampler.interval_s,
+            "samples": [s.to_json() for s in sampler.history(since)],
+        })
+
+
+class KernelProcessesHandler(GpuMemHandler):
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        kernel_manager = self.kernel_manager
+        if kernel_id not in kernel_manager:
+            raise tornado.web.HTTPError(404, f"no running kernel with id {kernel_id!r}")
+        reported: ReportedPids = self.settings[SETTINGS_KEY]["reported_pids"]
+        reported.keep_only(kernel_manager.list_kernel_ids())
+        answer = await kernel_processes(
+            kernel_id, kernel_manager.get_kernel(kernel_id), self.sampler.latest(), reported
+        )
+        self.finish_json(answer.to_json())
+
+
+def handlers(base_url: str) -> list[tuple[str, type[tornado.web.RequestHandler]]]:
+    """The extension's routes, rooted at ``base_url``."""
+    prefix = url_path_join(base_url, API_PREFIX)
+    return [
+        (url_path_join(prefix, "health"), HealthHandler),
+        (url_path_join(prefix, "sample"), SampleHandler),
+        (url_path_join(prefix, "history"), HistoryHandler),
+        (url_path_join(prefix, r"kernels/(?P<kernel_id>[\w-]+)/processes"), KernelProcessesHandler),
+    ]

@@ -1,0 +1,21 @@
+"""Shared fixtures: a real IPython shell with the extension loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+
+@pytest.fixture
+def shell() -> Iterator[InteractiveShell]:
+    """A real IPython shell with `%load_ext jupyter_gpumem`, unloaded afterwards."""
+    from jupyter_gpumem import kernel_history as history
+
+    ip = InteractiveShell.instance()
+    history.clear()
+    ip.run_line_magic("load_ext", "jupyter_gpumem")
+    yield ip
+    ip.run_line_magic("unload_ext", "jupyter_gpumem")
+    history.clear()

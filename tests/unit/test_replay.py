@@ -1,0 +1,117 @@
+"""The allocator model against hand-computed block accounting."""
+
+from jupyter_gpumem.analysis.replay import (
+    ALLOCATED,
+    FREE,
+    MIN_BLOCK,
+    BlockState,
+    SegmentState,
+    TraceEvent,
+    replay,
+    round_size,
+)
+
+MiB = 2**20
+BASE = 0x7F0000000000
+
+
+def ev(action: str, address: int, size: int) -> TraceEvent:
+    return TraceEvent(action, address, size)
+
+
+def test_round_size() -> None:
+    assert round_size(1) == MIN_BLOCK
+    assert round_size(512) == 512
+    assert round_size(513) == 1024
+
+
+def test_small_allocations_are_rounded_and_split() -> None:
+    events = [
+        ev("segment_alloc", BASE, 2 * MiB),
+        ev("alloc", BASE, 100),  # block of 512
+        ev("alloc", BASE + 512, 1000),  # block of 1024
+        ev("free_requested", BASE, 100),
+        ev("free_completed", BASE, 100),
+    ]
+    r = replay([], events)
+    assert r.exact
+    assert r.allocated_series == (0, 512, 1536, 1024, 1024)
+    assert r.peak_allocated == 1536
+    assert r.peak_reserved == 2 * MiB
+    assert [(b.address, b.size, b.requested_size) for b in r.live_at_peak] == [
+        (BASE, 512, 100),
+        (BASE + 512, 1024, 1000),
+    ]
+
+
+def test_large_block_keeps_a_remainder_too_small_to_split() -> None:
+    # A 20 MiB segment, then 19.5 MiB requested: the 0.5 MiB rest (<= 1 MiB) is not split off,
+    # so the allocator counts the whole 20 MiB as allocated.
+    events = [ev("segment_alloc", BASE, 20 * MiB), ev("alloc", BASE, 39 * MiB // 2)]
+    r = replay([], events)
+    assert r.peak_allocated == 20 * MiB
+    # With a 2 MiB rest it is split, and only the rounded request counts.
+    r2 = replay([], [ev("segment_alloc", BASE, 20 * MiB), ev("alloc", BASE, 18 * MiB - 100)])
+    assert r2.peak_allocated == 18 * MiB
+
+
+def test_freed_blocks_merge_before_reuse() -> None:
+    events = [
+        ev("segment_alloc", BASE, 20 * MiB),
+        ev("alloc", BASE, 4 * MiB),
+        ev("alloc", BASE + 4 * MiB, 4 * MiB),
+        ev("free_requested", BASE, 4 * MiB),
+        ev("free_completed", BASE, 4 * MiB),
+        ev("free_requested", BASE + 4 * MiB, 4 * MiB),
+        ev("free_completed", BASE + 4 * MiB, 4 * MiB),
+        ev("alloc", BASE, 19 * MiB + 512 * 1024),  # needs the merged 20 MiB block, unsplit
+        ev("free_requested", BASE, 0),
+        ev("free_completed", BASE, 0),
+        ev("segment_free", BASE, 20 * MiB),
+    ]
+    r = replay([], events)
+    assert r.exact
+    assert r.peak_allocated == 20 * MiB
+    assert r.allocated_end == 0 and r.reserved_end == 0
+    assert r.peak_index == 7
+
+
+def test_pending_free_counts_as_freed_but_does_not_merge() -> None:
+    events = [
+        ev("segment_alloc", BASE, 20 * MiB),
+        ev("alloc", BASE, 4 * MiB),
+        ev("free_requested", BASE, 4 * MiB),  # stream still uses it: free_completed comes later
+        ev("alloc", BASE + 4 * MiB, 4 * MiB),
+        ev("free_completed", BASE, 4 * MiB),
+    ]
+    r = replay([], events)
+    assert r.exact
+    assert r.allocated_series == (0, 4 * MiB, 0, 4 * MiB, 4 * MiB)
+
+
+def test_starting_layout_is_honoured_and_checked_against_counters() -> None:
+    start = [
+        SegmentState(
+            BASE, 20 * MiB, False,
+            (BlockState(BASE, 8 * MiB, ALLOCATED), BlockState(BASE + 8 * MiB, 12 * MiB, FREE)),
+        )
+    ]  # fmt: skip
+    events = [ev("alloc", BASE + 8 * MiB, 11 * MiB + 1)]  # rest < 1 MiB: whole 12 MiB block
+    r = replay(start, events, allocated_start=8 * MiB, reserved_start=20 * MiB)
+    assert r.exact
+    assert r.peak_allocated == 20 * MiB
+    bad = replay(start, events, allocated_start=9 * MiB, reserved_start=20 * MiB)
+    assert not bad.exact and "counters" in (bad.reason or "")
+
+
+def test_events_the_model_cannot_explain_make_the_replay_inexact() -> None:
+    r = replay([], [ev("alloc", BASE, 512)])  # no segment there
+    assert not r.exact
+    assert "no free block" in (r.reason or "")
+
+
+def test_oom_event_keeps_what_was_live() -> None:
+    events = [ev("segment_alloc", BASE, 20 * MiB), ev("alloc", BASE, 6 * MiB), ev("oom", 0, 80 * 2**30)]
+    r = replay([], events)
+    assert r.oom_index == 2
+    assert [b.size for b in r.live_at_oom] == [6 * MiB]
