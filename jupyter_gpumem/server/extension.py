@@ -120,6 +120,4 @@ def load_extension(serverapp: Any) -> None:
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
     _stop_at_shutdown(serverapp, sampler)
     sampler.start()
-    serverapp.log.info(
-        "jupyter_gpumem: sampling %s every %s s", config.backend, config.interval_s
-    )
+    serverapp.log.info("jupyter_gpumem: sampling %s every %s s", config.backend, config.interval_s)

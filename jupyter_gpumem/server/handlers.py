@@ -59,11 +59,13 @@ class HealthHandler(GpuMemHandler):
     @authorized
     async def get(self) -> None:
         sample = await self.latest_sample()
-        self.finish_json({
-            "status": "ok",
-            "version": jupyter_gpumem.__version__,
-            "nvml": {"available": sample.available, "reason": sample.reason},
-        })
+        self.finish_json(
+            {
+                "status": "ok",
+                "version": jupyter_gpumem.__version__,
+                "nvml": {"available": sample.available, "reason": sample.reason},
+            }
+        )
 
 
 class SampleHandler(GpuMemHandler):
@@ -86,14 +88,17 @@ class HistoryHandler(GpuMemHandler):
                 since = math.nan
             if not math.isfinite(since):
                 raise tornado.web.HTTPError(
-                    400, f"since={raw!r} is not allowed: give a unix time in seconds "
-                    "(e.g. since=1767225600.5), or leave it out for the whole history"
+                    400,
+                    f"since={raw!r} is not allowed: give a unix time in seconds "
+                    "(e.g. since=1767225600.5), or leave it out for the whole history",
                 )
         sampler = self.sampler
-        self.finish_json({
-            "interval_s": sampler.interval_s,
-            "samples": [s.to_json() for s in sampler.history(since)],
-        })
+        self.finish_json(
+            {
+                "interval_s": sampler.interval_s,
+                "samples": [s.to_json() for s in sampler.history(since)],
+            }
+        )
 
 
 class KernelProcessesHandler(GpuMemHandler):
