@@ -27,6 +27,7 @@ from jupyter_gpumem.analysis.cell import build_report
 from jupyter_gpumem.report import Report
 from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
 from jupyter_gpumem.tracking.cuda import GUARD
+from jupyter_gpumem.tracking.process import process_bytes
 from jupyter_gpumem.units import parse_size
 
 CELL_USAGE = (
@@ -161,12 +162,14 @@ class GpuMemMagics(Magics):
     def _finish(self, tracker: CellTracker, opts: Options, error: BaseException | None) -> None:
         try:
             recording = tracker.stop(error)
+            nvml = process_bytes() if recording.devices else {}
             report = build_report(
                 recording,
                 name=opts.name,
                 execution_count=self.shell.execution_count if self.shell else None,
                 budget_bytes=opts.budget_bytes,
                 all_devices=opts.all_devices,
+                process_bytes=nvml,
             )
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)

@@ -150,8 +150,6 @@ def _title(r: Report) -> str:
 def render_text(r: Report) -> str:
     """Fixed-width text, one column per device."""
     lines = [_title(r)]
-    if not r.cuda_available:
-        lines.append(NO_CUDA)
     if r.devices:
         heads = [f"{d.device} {d.name}" for d in r.devices]
         width = max(28, *(len(label) for label, _, _ in _ROWS))
@@ -166,7 +164,7 @@ def render_text(r: Report) -> str:
                 + "  "
                 + "  ".join(v.rjust(c) for v, c in zip(cells, cols, strict=True))
             )
-    if r.budget_bytes is not None:
+    if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
         verdict = "OVER" if r.over_budget else "within"
         lines.append(f"budget {format_bytes(r.budget_bytes)}: peak is {verdict} budget")
     lines.extend(f"warning: {w}" for w in r.warnings)
@@ -182,8 +180,6 @@ def render_html(r: Report) -> str:
         "border-collapse:collapse"
     )
     parts = [f'<div class="jp-gpumem-report"><strong>{esc(_title(r))}</strong>']
-    if not r.cuda_available:
-        parts.append(f"<p>{esc(NO_CUDA)}</p>")
     if r.devices:
         parts.append(f'<table style="{style}"><thead><tr><th></th>')
         parts.extend(
@@ -199,7 +195,7 @@ def render_html(r: Report) -> str:
             )
             parts.append("</tr>")
         parts.append("</tbody></table>")
-    if r.budget_bytes is not None:
+    if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
         verdict = "over" if r.over_budget else "within"
         parts.append(
             f"<p>Budget {esc(format_bytes(r.budget_bytes))}: peak is {verdict} budget.</p>"
