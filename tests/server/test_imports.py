@@ -1,0 +1,42 @@
+"""Importing the package or the server extension pulls in neither torch nor pynvml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+PROBE = """
+import sys
+import jupyter_gpumem
+import jupyter_gpumem.server
+from jupyter_gpumem.server import extension, fake, handlers, kernels, nvml, sampler
+from jupyter_gpumem.server.fake import FakeNvml
+FakeNvml.from_spec().backend(use_environment=False).read()  # the stand-in needs no pynvml
+nvml.NvmlBackend()  # constructing the real backend does not load NVML either
+print(sorted(m for m in ("torch", "pynvml") if m in sys.modules))
+"""
+
+
+def test_server_imports_neither_torch_nor_pynvml() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_probe_would_notice_pynvml() -> None:
+    """The probe is able to fail: the real backend's first read does import pynvml."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = PROBE.replace("nvml.NvmlBackend()", "nvml.NvmlBackend().read()")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "['pynvml']", result.stderr

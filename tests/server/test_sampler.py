@@ -1,0 +1,82 @@
+"""The sampler thread: one per sampler, bounded history, interval floor, clean stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from jupyter_gpumem.server.extension import GpuMem
+from jupyter_gpumem.server.fake import FakeNvml
+from jupyter_gpumem.server.records import Reason, Sample
+from jupyter_gpumem.server.sampler import THREAD_NAME, Sampler
+
+
+def make(history_s: float = 600.0) -> tuple[Sampler, FakeNvml]:
+    fake = FakeNvml.from_spec()
+    return Sampler(fake.backend(use_environment=False), interval_s=0.25, history_s=history_s), fake
+
+
+def threads() -> int:
+    return sum(t.name == THREAD_NAME for t in threading.enumerate())
+
+
+def test_interval_floor_is_refused_with_a_clear_message() -> None:
+    with pytest.raises(ValueError, match=r"at least 0\.25 s"):
+        Sampler(FakeNvml.from_spec().backend(), interval_s=0.1)
+    with pytest.raises(Exception, match=r"GpuMem\.interval_s: .*at least 0\.25 s"):
+        GpuMem(interval_s=0.2)
+    assert GpuMem(interval_s=0.25).interval_s == 0.25
+
+
+def test_start_is_idempotent_and_stop_joins_and_closes() -> None:
+    before = threads()
+    sampler, fake = make()
+    for _ in range(10):
+        sampler.start()
+    assert threads() == before + 1
+    assert sampler.wait_first(5.0) is not None
+    sampler.stop()
+    assert sampler.thread is not None and not sampler.thread.is_alive()
+    assert threads() == before
+    assert not fake.initialized  # NVML shut down by the sampler thread
+    sampler.start()  # a stopped sampler stays stopped
+    assert threads() == before
+
+
+def test_history_is_bounded_and_filtered_by_since() -> None:
+    sampler, _ = make(history_s=1.0)  # 4 samples at 0.25 s
+    assert sampler.capacity == 4
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sampler.passes < 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sampler.stop()
+    kept = sampler.history()
+    assert len(kept) == 4 and sampler.passes >= 7
+    assert [s.time for s in kept] == sorted(s.time for s in kept)
+    assert sampler.history(since=kept[1].time) == kept[2:]
+    assert sampler.latest() is kept[-1]
+
+
+def test_a_failing_backend_does_not_end_the_sampler() -> None:
+    class Broken:
+        closed = False
+
+        def read(self, interval_s: float = 0.0) -> Sample:
+            raise RuntimeError("bug")
+
+        def close(self) -> None:
+            self.closed = True
+
+    broken = Broken()
+    sampler = Sampler(broken, interval_s=0.25)
+    sampler.start()
+    first = sampler.wait_first(5.0)
+    assert first is not None and first.reason == Reason.INTERNAL.value
+    assert sampler.thread is not None and sampler.thread.is_alive()
+    sampler.stop()
+    assert broken.closed
