@@ -1,0 +1,94 @@
+"""The `%gpumem monitor` widget over the NVML stand-in: values update, threads stop on close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("bqplot")
+
+from jupyter_gpumem.server.fake import FakeNvml
+from jupyter_gpumem.widgets.monitor import THREAD_NAME, GpuMonitor, show
+
+GiB = 2**30
+SPEC: dict[str, Any] = {
+    "devices": [
+        {"name": "Fake A", "memory_total_bytes": 80 * GiB, "memory_used_bytes": 8 * GiB},
+        {"name": "Fake B", "memory_total_bytes": 40 * GiB, "memory_used_bytes": 0},
+    ]
+}
+
+
+def monitor_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+def until(condition: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def make(spec: dict[str, Any] = SPEC, **kwargs: Any) -> tuple[GpuMonitor, FakeNvml]:
+    fake = FakeNvml.from_spec(spec)
+    return show(0.25, backend=fake.backend(use_environment=False), **kwargs), fake
+
+
+def test_values_update_and_close_stops_the_thread() -> None:
+    before = len(monitor_threads())
+    widget, fake = make()
+    try:
+        a, b = widget.views
+        assert a.title.value == "GPU 0: Fake A" and b.title.value == "GPU 1: Fake B"
+        assert a.bar.value == pytest.approx(0.1)
+        assert a.text.value.startswith("8.00 GiB / 80.0 GiB (10%)")
+        assert len(monitor_threads()) == before + 1
+        fake.devices[0].memory_used_bytes = 76 * GiB
+        assert until(lambda: a.bar.value == pytest.approx(0.95))
+        assert a.bar.bar_style == "danger"
+        assert until(lambda: len(a.line.y) >= 3)
+        assert a.line.y[-1] == pytest.approx(76.0)
+        assert list(a.line.x) == sorted(a.line.x)
+    finally:
+        widget.close()
+    assert widget.thread is not None and not widget.thread.is_alive()
+    assert len(monitor_threads()) == before
+    assert not fake.initialized  # NVML shut down by the thread on its way out
+
+
+def test_device_subset_and_unknown_device() -> None:
+    widget, _ = make(devices=[1])
+    try:
+        assert [v.index for v in widget.views] == [1]
+    finally:
+        widget.close()
+    with pytest.raises(ValueError, match=r"no device \[5\] here; devices are \[0, 1\]"):
+        make(devices=[5])
+
+
+def test_unavailable_nvml_shows_the_reason_and_starts_no_thread() -> None:
+    before = len(monitor_threads())
+    widget, _ = make({"init_error": "driver_not_loaded", **SPEC})
+    assert "NVML unavailable: driver not loaded" in widget.status.value
+    assert widget.views == [] and widget.thread is None
+    assert len(monitor_threads()) == before
+    widget.close()
+
+
+def test_interval_floor() -> None:
+    with pytest.raises(ValueError, match=r"at least 0\.25 s"):
+        show(0.1, backend=FakeNvml.from_spec(SPEC).backend(use_environment=False))
+
+
+def test_stop_is_idempotent() -> None:
+    widget, _ = make()
+    widget.stop()
+    widget.stop()
+    assert widget.thread is not None and not widget.thread.is_alive()
+    widget.close()
