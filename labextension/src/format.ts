@@ -106,3 +106,10 @@ export function formatPercent(percent: number | null | undefined): string {
   }
   return `${Math.round(percent)}%`;
 }
+
+/**
+ * The unit chosen in the settings. The report renderer is created by the
+ * rendermime registry, which cannot pass it settings, so the main plugin keeps
+ * this one value up to date for it.
+ */
+export const unitPreference: { units: Units } = { units: 'GiB' };

@@ -1,0 +1,170 @@
+/**
+ * Small presentational pieces shared by the sidebar and the report renderer:
+ * a gauge, a sparkline and a stacked bar. SVG and CSS only; every colour comes
+ * from a `--jp-*` theme variable (see style/base.css).
+ */
+import * as React from 'react';
+
+import { formatBytes, formatFraction, formatUsedTotal, Units } from './format';
+import { IPoint } from './model';
+
+/** Share of a total in [0, 1], or null when either side is unknown. */
+export function fraction(used: number | null, total: number | null | undefined): number | null {
+  if (used === null || !total || total <= 0) {
+    return null;
+  }
+  return Math.min(Math.max(used / total, 0), 1);
+}
+
+/** `level` classes: a gauge turns amber past 75% and red past 90%. */
+export function level(share: number | null): 'ok' | 'warn' | 'high' | 'unknown' {
+  if (share === null) {
+    return 'unknown';
+  }
+  return share >= 0.9 ? 'high' : share >= 0.75 ? 'warn' : 'ok';
+}
+
+export function Gauge(props: {
+  used: number | null;
+  total: number | null;
+  units: Units;
+  label?: string;
+}): JSX.Element {
+  const share = fraction(props.used, props.total);
+  const text = `${formatUsedTotal(props.used, props.total, props.units)}${
+    share === null ? '' : ` (${formatFraction(share)})`
+  }`;
+  return (
+    <div
+      className="jp-GpuMem-gauge"
+      role="meter"
+      aria-label={props.label ?? 'memory used'}
+      aria-valuemin={0}
+      aria-valuemax={props.total ?? undefined}
+      aria-valuenow={props.used ?? undefined}
+      aria-valuetext={text}
+    >
+      <div className="jp-GpuMem-gaugeTrack">
+        <div
+          className={`jp-GpuMem-gaugeFill jp-mod-${level(share)}`}
+          style={{ width: `${((share ?? 0) * 100).toFixed(1)}%` }}
+        />
+      </div>
+      <div className="jp-GpuMem-gaugeText">{text}</div>
+    </div>
+  );
+}
+
+const SPARK_W = 200;
+const SPARK_H = 36;
+
+/**
+ * Memory used over the last `window_s` seconds (ending at the newest point), as a
+ * share of `total`. Gaps in the data (unknown values) break the line.
+ */
+export function Sparkline(props: {
+  points: IPoint[];
+  total: number | null;
+  window_s: number;
+  units: Units;
+}): JSX.Element {
+  const { points, total, window_s } = props;
+  const end = points.length ? points[points.length - 1].time : 0;
+  const start = end - window_s;
+  const x = (t: number) => ((t - start) / window_s) * SPARK_W;
+  const y = (bytes: number) => SPARK_H - (fraction(bytes, total) ?? 0) * (SPARK_H - 2) - 1;
+
+  const runs: string[][] = [];
+  let run: string[] = [];
+  for (const p of points) {
+    if (p.used_bytes === null || !total) {
+      if (run.length) {
+        runs.push(run);
+      }
+      run = [];
+      continue;
+    }
+    run.push(`${x(p.time).toFixed(1)},${y(p.used_bytes).toFixed(1)}`);
+  }
+  if (run.length) {
+    runs.push(run);
+  }
+  const peak = points.reduce<number | null>(
+    (m, p) => (p.used_bytes !== null && (m === null || p.used_bytes > m) ? p.used_bytes : m),
+    null
+  );
+  const minutes = Math.round(window_s / 60);
+  const title = `memory used, last ${minutes} min; peak ${formatBytes(peak, props.units)}`;
+  return (
+    <svg
+      className="jp-GpuMem-sparkline"
+      viewBox={`0 0 ${SPARK_W} ${SPARK_H}`}
+      preserveAspectRatio="none"
+      role="img"
+      aria-label={title}
+    >
+      <title>{title}</title>
+      <rect className="jp-GpuMem-sparkBg" x={0} y={0} width={SPARK_W} height={SPARK_H} />
+      {runs.map((r, i) => (
+        <React.Fragment key={i}>
+          <polygon
+            className="jp-GpuMem-sparkArea"
+            points={`${r[0].split(',')[0]},${SPARK_H} ${r.join(' ')} ${
+              r[r.length - 1].split(',')[0]
+            },${SPARK_H}`}
+          />
+          <polyline className="jp-GpuMem-sparkLine" points={r.join(' ')} />
+        </React.Fragment>
+      ))}
+    </svg>
+  );
+}
+
+/** One segment of a stacked bar. */
+export interface ISegment {
+  key: string;
+  label: string;
+  bytes: number;
+  /** Colour class `jp-GpuMem-seg-N` (0-11); the position in the list when absent. */
+  color?: number;
+}
+
+/**
+ * Segments side by side in proportion to their bytes, with a legend. Colours
+ * come from `jp-GpuMem-seg-N` classes, so that they follow the theme.
+ */
+export function StackedBar(props: {
+  segments: ISegment[];
+  units: Units;
+  label: string;
+}): JSX.Element {
+  const total = props.segments.reduce((s, seg) => s + Math.max(seg.bytes, 0), 0);
+  return (
+    <div className="jp-GpuMem-stacked">
+      <div className="jp-GpuMem-stackedBar" role="img" aria-label={props.label}>
+        {props.segments.map((seg, i) =>
+          seg.bytes > 0 && total > 0 ? (
+            <div
+              key={seg.key}
+              className={`jp-GpuMem-seg jp-GpuMem-seg-${seg.color ?? i % 12}`}
+              style={{ width: `${((seg.bytes / total) * 100).toFixed(2)}%` }}
+              title={`${seg.label}: ${formatBytes(seg.bytes, props.units)}`}
+            />
+          ) : null
+        )}
+      </div>
+      <ul className="jp-GpuMem-legend">
+        {props.segments.map((seg, i) => (
+          <li key={seg.key} className="jp-GpuMem-legendItem">
+            <span className={`jp-GpuMem-swatch jp-GpuMem-seg-${seg.color ?? i % 12}`} />
+            <span className="jp-GpuMem-legendLabel">{seg.label}</span>
+            <span className="jp-GpuMem-legendValue">
+              {formatBytes(seg.bytes, props.units)}
+              {total > 0 ? ` · ${formatFraction(seg.bytes / total)}` : ''}
+            </span>
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}

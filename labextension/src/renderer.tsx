@@ -1,0 +1,241 @@
+/**
+ * The rich view of a `%%gpumem` report (`application/vnd.jupyter-gpumem.report+json`).
+ * Everything from the kernel is rendered as React text, never as HTML; the
+ * report's own text/html stays the fallback where this extension is absent.
+ */
+import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { ReactWidget } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { ISegment, StackedBar } from './charts';
+import { formatBytes, formatSeconds, unitPreference, Units } from './format';
+import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE } from './types';
+
+/** Display order and names of the breakdown categories; unknown ones follow. */
+export const CATEGORY_LABELS: ReadonlyArray<[string, string]> = [
+  ['parameters', 'Parameters'],
+  ['gradients', 'Gradients'],
+  ['optimizer_state', 'Optimizer state'],
+  ['optimizer_scratch', 'Optimizer scratch'],
+  ['activations', 'Activations'],
+  ['inputs', 'Inputs'],
+  ['other', 'Other live tensors'],
+  ['temporary', 'Temporaries'],
+  ['unattributed', 'Unattributed blocks'],
+  ['cache', 'Allocator cache'],
+  ['cuda_context', 'CUDA context']
+];
+
+const UNKNOWN_CATEGORY_COLOR = 11;
+
+/** A breakdown as stacked-bar segments, in the fixed category order. */
+export function breakdownSegments(breakdown: Record<string, number>): ISegment[] {
+  const known = new Map(CATEGORY_LABELS);
+  const keys = [
+    ...CATEGORY_LABELS.map(([key]) => key).filter(key => key in breakdown),
+    ...Object.keys(breakdown)
+      .filter(key => !known.has(key))
+      .sort()
+  ];
+  const order = CATEGORY_LABELS.map(([key]) => key);
+  return keys.map(key => ({
+    key,
+    label: known.get(key) ?? key.replace(/_/g, ' '),
+    bytes: breakdown[key],
+    // A category keeps its colour whichever others are present; unknown ones are grey.
+    color: known.has(key) ? order.indexOf(key) : UNKNOWN_CATEGORY_COLOR
+  }));
+}
+
+function deviceLabel(device: IReportDevice): string {
+  const id = device.device ?? `cuda:${device.index}`;
+  return device.name ? `${id} · ${device.name}` : id;
+}
+
+function peakAt(device: IReportDevice): string {
+  const parts: string[] = [];
+  if (device.peak_phase) {
+    parts.push(device.peak_phase);
+  }
+  if (device.peak_step !== null) {
+    parts.push(`step ${device.peak_step}`);
+  }
+  return parts.join(', ') || '–';
+}
+
+function Messages(props: { kind: 'warning' | 'note'; items: string[] }): JSX.Element | null {
+  if (!props.items.length) {
+    return null;
+  }
+  return (
+    <ul className={`jp-GpuMem-messages jp-mod-${props.kind}`}>
+      {props.items.map((text, i) => (
+        <li key={i}>
+          <span className="jp-GpuMem-messageKind">{props.kind === 'warning' ? 'Warning' : 'Note'}</span>{' '}
+          {text}
+        </li>
+      ))}
+    </ul>
+  );
+}
+
+function DeviceRows(props: { devices: IReportDevice[]; units: Units }): JSX.Element {
+  const { units } = props;
+  return (
+    <table className="jp-GpuMem-table jp-GpuMem-reportTable">
+      <thead>
+        <tr>
+          <th>Device</th>
+          <th>Peak allocated</th>
+          <th>Peak reserved</th>
+          <th>Cache</th>
+          <th>Δ allocated</th>
+          <th>Peak at</th>
+        </tr>
+      </thead>
+      <tbody>
+        {props.devices.map(device => (
+          <tr key={`${device.device ?? ''}:${device.index}`}>
+            <td className="jp-GpuMem-deviceName">{deviceLabel(device)}</td>
+            <td className="jp-GpuMem-num">{formatBytes(device.peak_allocated_bytes, units)}</td>
+            <td className="jp-GpuMem-num">{formatBytes(device.peak_reserved_bytes, units)}</td>
+            <td className="jp-GpuMem-num">{formatBytes(device.cache_bytes, units)}</td>
+            <td className="jp-GpuMem-num">
+              {device.allocated_delta_bytes !== null && device.allocated_delta_bytes !== undefined
+                ? `${device.allocated_delta_bytes > 0 ? '+' : ''}${formatBytes(device.allocated_delta_bytes, units)}`
+                : '–'}
+            </td>
+            <td>{peakAt(device)}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+/** The report as shown under a cell. */
+export function ReportView(props: { report: IReport; units: Units }): JSX.Element {
+  const { report, units } = props;
+  // The headline is the device with the largest peak (the one an OOM would hit first).
+  const main = report.devices.reduce<IReportDevice | null>(
+    (best, d) =>
+      best === null || (d.peak_allocated_bytes ?? -1) > (best.peak_allocated_bytes ?? -1) ? d : best,
+    null
+  );
+  const overBudget =
+    report.budget_bytes && main?.peak_allocated_bytes
+      ? main.peak_allocated_bytes > report.budget_bytes
+      : false;
+  return (
+    <div className="jp-GpuMem-reportView">
+      <div className="jp-GpuMem-reportHeader">
+        <span className="jp-GpuMem-reportTitle">
+          %%gpumem{report.name ? ` ${report.name}` : ''}
+        </span>
+        <span className={`jp-GpuMem-status jp-mod-${report.status === 'ok' ? 'ok' : 'bad'}`}>
+          {report.status}
+        </span>
+        {report.wall_s !== null && (
+          <span className="jp-GpuMem-reportMeta">{formatSeconds(report.wall_s)}</span>
+        )}
+        {report.source && <span className="jp-GpuMem-reportMeta">{report.source}</span>}
+      </div>
+      {report.error && <div className="jp-GpuMem-reportError">{report.error}</div>}
+      {!report.cuda_available && !report.devices.length && (
+        <div className="jp-GpuMem-reportEmpty">No CUDA device was used by this cell.</div>
+      )}
+      {main && (
+        <dl className="jp-GpuMem-summary">
+          <div>
+            <dt>Peak allocated</dt>
+            <dd>{formatBytes(main.peak_allocated_bytes, units)}</dd>
+          </div>
+          <div>
+            <dt>Peak reserved</dt>
+            <dd>{formatBytes(main.peak_reserved_bytes, units)}</dd>
+          </div>
+          <div>
+            <dt>Cache</dt>
+            <dd>{formatBytes(main.cache_bytes, units)}</dd>
+          </div>
+          <div>
+            <dt>Wall time</dt>
+            <dd>{formatSeconds(report.wall_s)}</dd>
+          </div>
+          {report.budget_bytes ? (
+            <div className={overBudget ? 'jp-mod-over' : undefined}>
+              <dt>Budget</dt>
+              <dd>
+                {formatBytes(report.budget_bytes, units)}
+                {overBudget ? ' (exceeded)' : ''}
+              </dd>
+            </div>
+          ) : null}
+        </dl>
+      )}
+      {report.devices.length > 0 && <DeviceRows devices={report.devices} units={units} />}
+      {report.devices.map(device =>
+        device.breakdown && Object.keys(device.breakdown).length ? (
+          <div className="jp-GpuMem-breakdown" key={`b:${device.device ?? ''}:${device.index}`}>
+            <div className="jp-GpuMem-sectionTitle">
+              At the peak on {device.device ?? `cuda:${device.index}`}
+            </div>
+            <StackedBar
+              segments={breakdownSegments(device.breakdown)}
+              units={units}
+              label={`breakdown of the peak on ${deviceLabel(device)}`}
+            />
+          </div>
+        ) : null
+      )}
+      <Messages kind="warning" items={report.warnings} />
+      <Messages kind="note" items={report.notes} />
+    </div>
+  );
+}
+
+/** The rendermime renderer: parses once, shows a plain message if the data is malformed. */
+export class ReportRenderer extends ReactWidget implements IRenderMime.IRenderer {
+  constructor(options: IRenderMime.IRendererOptions) {
+    super();
+    this._mimeType = options.mimeType;
+    this.addClass('jp-GpuMem-report');
+  }
+
+  renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    try {
+      this._report = parseReport(model.data[this._mimeType]);
+      this._error = null;
+    } catch (error) {
+      this._report = null;
+      this._error = error instanceof Error ? error.message : String(error);
+    }
+    this.update();
+    return Promise.resolve();
+  }
+
+  protected render(): JSX.Element {
+    if (!this._report) {
+      return (
+        <div className="jp-GpuMem-reportError">
+          Cannot show this %%gpumem report: {this._error ?? 'no data'}
+        </div>
+      );
+    }
+    return <ReportView report={this._report} units={unitPreference.units} />;
+  }
+
+  private _error: string | null = null;
+  private _mimeType: string;
+  private _report: IReport | null = null;
+}
+
+/** Preferred over the report's text/html (rank 50) and text/plain. */
+export const RENDERER_RANK = 0;
+
+export const rendererFactory: IRenderMime.IRendererFactory = {
+  safe: true,
+  mimeTypes: [REPORT_MIME_TYPE],
+  defaultRank: RENDERER_RANK,
+  createRenderer: options => new ReportRenderer(options)
+};

@@ -1,0 +1,68 @@
+/** The status bar item: the busiest GPU's memory, e.g. "GPU 0: 12.3/80 GiB". */
+import { TextItem } from '@jupyterlab/statusbar';
+import { ReactWidget } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { formatUsedTotal, Units } from './format';
+import { busiestDevice } from './model';
+import { GpuModel } from './model';
+import { ISample } from './types';
+
+/** The text and tooltip of the item, as a pure function of the model's state. */
+export function statusText(
+  sample: ISample | null,
+  error: string | null,
+  units: Units
+): { text: string; title: string } {
+  if (error && !sample) {
+    return { text: 'GPU: offline', title: `GPU monitor unreachable: ${error}` };
+  }
+  if (!sample) {
+    return { text: 'GPU: …', title: 'Reading the GPUs' };
+  }
+  if (!sample.available) {
+    return { text: 'GPU: n/a', title: `NVML unavailable: ${sample.reason ?? 'unknown reason'}` };
+  }
+  const device = busiestDevice(sample);
+  if (!device) {
+    return { text: 'GPU: none', title: 'NVML sees no GPU' };
+  }
+  const used = formatUsedTotal(device.memory_used_bytes, device.memory_total_bytes, units);
+  const stale = error ? ` (last known; ${error})` : '';
+  return {
+    text: `GPU ${device.index}: ${used}`,
+    title: `Busiest GPU: ${device.name ?? `GPU ${device.index}`}, ${used} used${stale}. Click for details.`
+  };
+}
+
+export class GpuStatusItem extends ReactWidget {
+  constructor(options: { model: GpuModel; units: () => Units; onClick: () => void }) {
+    super();
+    this._options = options;
+    this.addClass('jp-GpuMem-status-item');
+    this.node.addEventListener('click', options.onClick);
+    options.model.changed.connect(this._onChange, this);
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this.node.removeEventListener('click', this._options.onClick);
+    this._options.model.changed.disconnect(this._onChange, this);
+    super.dispose();
+  }
+
+  protected render(): JSX.Element {
+    const { model, units } = this._options;
+    const { text, title } = statusText(model.sample, model.error, units());
+    this.node.title = title;
+    return <TextItem source={text} />;
+  }
+
+  private _onChange(): void {
+    this.update();
+  }
+
+  private _options: { model: GpuModel; units: () => Units; onClick: () => void };
+}

@@ -1,0 +1,316 @@
+/**
+ * The wire formats, mirrored from the Python side:
+ * - the live view (`jupyter_gpumem/server/records.py`, `tests/fixtures/sample.json`);
+ * - the `%%gpumem` report mime bundle (`tests/fixtures/report.json`).
+ *
+ * Bytes are integers, seconds floats, and an unknown value is `null` (never 0).
+ * The parse functions check the shape once at the boundary so that the UI can
+ * trust the types; they are lenient about optional fields the kernel may omit.
+ */
+
+/** Mime type of the `%%gpumem` report's JSON output. */
+export const REPORT_MIME_TYPE = 'application/vnd.jupyter-gpumem.report+json';
+
+/** `GET /jupyter-gpumem/api/health` */
+export interface IHealth {
+  status: string;
+  version: string;
+  nvml: { available: boolean; reason: string | null };
+}
+
+/** One process on one device, as NVML sees it. */
+export interface IProcess {
+  pid: number;
+  command: string | null;
+  memory_bytes: number | null;
+}
+
+/** One device (MIG instances included), numbered as torch in a kernel would. */
+export interface IDevice {
+  index: number;
+  uuid: string | null;
+  name: string | null;
+  memory_total_bytes: number | null;
+  memory_used_bytes: number | null;
+  utilization_percent: number | null;
+  temperature_c: number | null;
+  power_w: number | null;
+  is_mig: boolean;
+  parent_index: number | null;
+  /** Field name -> why that field is `null`. */
+  reasons: Record<string, string>;
+  processes: IProcess[];
+}
+
+/** `GET /jupyter-gpumem/api/sample`: one sampling pass. */
+export interface ISample {
+  /** Unix time in seconds. */
+  time: number;
+  interval_s: number;
+  available: boolean;
+  /** Why there are no devices, when `available` is false. */
+  reason: string | null;
+  driver_version: string | null;
+  devices: IDevice[];
+}
+
+/** `GET /jupyter-gpumem/api/history?since=<unix s>` */
+export interface IHistory {
+  interval_s: number;
+  samples: ISample[];
+}
+
+/** `GET /jupyter-gpumem/api/kernels/<kernel_id>/processes` */
+export interface IKernelProcesses {
+  kernel_id: string;
+  pids: number[];
+  matched_by: 'pid' | 'kernel-reported' | null;
+  processes: Array<IProcess & { device_index: number }>;
+}
+
+/** What a device's memory was made of at the peak (bytes per category). */
+export type IBreakdown = Record<string, number>;
+
+/** One device of a `%%gpumem` report. */
+export interface IReportDevice {
+  device?: string;
+  index: number;
+  name?: string | null;
+  total_bytes?: number | null;
+  allocated_before_bytes?: number | null;
+  allocated_after_bytes?: number | null;
+  allocated_delta_bytes?: number | null;
+  peak_allocated_bytes: number | null;
+  peak_reserved_bytes: number | null;
+  reserved_after_bytes?: number | null;
+  cache_bytes: number | null;
+  nvml_process_bytes?: number | null;
+  non_torch_bytes?: number | null;
+  breakdown: IBreakdown | null;
+  peak_phase: string | null;
+  peak_step: number | null;
+}
+
+/** The `%%gpumem` report (`application/vnd.jupyter-gpumem.report+json`). */
+export interface IReport {
+  schema?: number;
+  id?: string;
+  name: string | null;
+  execution_count?: number | null;
+  /** Unix time in seconds. */
+  started_at?: number | null;
+  wall_s: number | null;
+  status: string;
+  error?: string | null;
+  cuda_available: boolean;
+  source?: string | null;
+  budget_bytes?: number | null;
+  notes: string[];
+  warnings: string[];
+  devices: IReportDevice[];
+}
+
+/** Raised when data on the wire does not have the documented shape. */
+export class WireFormatError extends Error {
+  constructor(what: string, path: string) {
+    super(`${what} at ${path || '(root)'}`);
+    this.name = 'WireFormatError';
+  }
+}
+
+type Json = Record<string, unknown>;
+
+function object(value: unknown, path: string): Json {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new WireFormatError('expected an object', path);
+  }
+  return value as Json;
+}
+
+function array(value: unknown, path: string): unknown[] {
+  if (!Array.isArray(value)) {
+    throw new WireFormatError('expected an array', path);
+  }
+  return value;
+}
+
+function num(value: unknown, path: string): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) {
+    throw new WireFormatError('expected a number', path);
+  }
+  return value;
+}
+
+function optNum(value: unknown, path: string): number | null {
+  return value === null || value === undefined ? null : num(value, path);
+}
+
+function optStr(value: unknown, path: string): string | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  if (typeof value !== 'string') {
+    throw new WireFormatError('expected a string', path);
+  }
+  return value;
+}
+
+function strings(value: unknown, path: string): string[] {
+  if (value === null || value === undefined) {
+    return [];
+  }
+  return array(value, path).map((v, i) => String(optStr(v, `${path}[${i}]`)));
+}
+
+function parseProcess(value: unknown, path: string): IProcess {
+  const o = object(value, path);
+  return {
+    pid: num(o.pid, `${path}.pid`),
+    command: optStr(o.command, `${path}.command`),
+    memory_bytes: optNum(o.memory_bytes, `${path}.memory_bytes`)
+  };
+}
+
+function parseReasons(value: unknown, path: string): Record<string, string> {
+  if (value === null || value === undefined) {
+    return {};
+  }
+  const o = object(value, path);
+  const out: Record<string, string> = {};
+  for (const [key, reason] of Object.entries(o)) {
+    out[key] = String(reason);
+  }
+  return out;
+}
+
+export function parseDevice(value: unknown, path = ''): IDevice {
+  const o = object(value, path);
+  return {
+    index: num(o.index, `${path}.index`),
+    uuid: optStr(o.uuid, `${path}.uuid`),
+    name: optStr(o.name, `${path}.name`),
+    memory_total_bytes: optNum(o.memory_total_bytes, `${path}.memory_total_bytes`),
+    memory_used_bytes: optNum(o.memory_used_bytes, `${path}.memory_used_bytes`),
+    utilization_percent: optNum(o.utilization_percent, `${path}.utilization_percent`),
+    temperature_c: optNum(o.temperature_c, `${path}.temperature_c`),
+    power_w: optNum(o.power_w, `${path}.power_w`),
+    is_mig: o.is_mig === true,
+    parent_index: optNum(o.parent_index, `${path}.parent_index`),
+    reasons: parseReasons(o.reasons, `${path}.reasons`),
+    processes: array(o.processes ?? [], `${path}.processes`).map((p, i) =>
+      parseProcess(p, `${path}.processes[${i}]`)
+    )
+  };
+}
+
+export function parseSample(value: unknown, path = ''): ISample {
+  const o = object(value, path);
+  return {
+    time: num(o.time, `${path}.time`),
+    interval_s: num(o.interval_s, `${path}.interval_s`),
+    available: o.available === true,
+    reason: optStr(o.reason, `${path}.reason`),
+    driver_version: optStr(o.driver_version, `${path}.driver_version`),
+    devices: array(o.devices ?? [], `${path}.devices`).map((d, i) =>
+      parseDevice(d, `${path}.devices[${i}]`)
+    )
+  };
+}
+
+export function parseHistory(value: unknown): IHistory {
+  const o = object(value, '');
+  return {
+    interval_s: num(o.interval_s, '.interval_s'),
+    samples: array(o.samples, '.samples').map((s, i) =>
+      parseSample(s, `.samples[${i}]`)
+    )
+  };
+}
+
+export function parseHealth(value: unknown): IHealth {
+  const o = object(value, '');
+  const nvml = object(o.nvml, '.nvml');
+  return {
+    status: String(optStr(o.status, '.status')),
+    version: String(optStr(o.version, '.version')),
+    nvml: {
+      available: nvml.available === true,
+      reason: optStr(nvml.reason, '.nvml.reason')
+    }
+  };
+}
+
+export function parseKernelProcesses(value: unknown): IKernelProcesses {
+  const o = object(value, '');
+  const matched = optStr(o.matched_by, '.matched_by');
+  return {
+    kernel_id: String(optStr(o.kernel_id, '.kernel_id')),
+    pids: array(o.pids ?? [], '.pids').map((p, i) => num(p, `.pids[${i}]`)),
+    matched_by: matched === 'pid' || matched === 'kernel-reported' ? matched : null,
+    processes: array(o.processes ?? [], '.processes').map((p, i) => ({
+      ...parseProcess(p, `.processes[${i}]`),
+      device_index: num(object(p, '').device_index, `.processes[${i}].device_index`)
+    }))
+  };
+}
+
+function parseBreakdown(value: unknown, path: string): IBreakdown | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  const o = object(value, path);
+  const out: IBreakdown = {};
+  for (const [key, bytes] of Object.entries(o)) {
+    const n = optNum(bytes, `${path}.${key}`);
+    if (n !== null) {
+      out[key] = n;
+    }
+  }
+  return out;
+}
+
+function parseReportDevice(value: unknown, path: string): IReportDevice {
+  const o = object(value, path);
+  const opt = (key: string) => optNum(o[key], `${path}.${key}`);
+  return {
+    device: optStr(o.device, `${path}.device`) ?? undefined,
+    index: optNum(o.index, `${path}.index`) ?? 0,
+    name: optStr(o.name, `${path}.name`),
+    total_bytes: opt('total_bytes'),
+    allocated_before_bytes: opt('allocated_before_bytes'),
+    allocated_after_bytes: opt('allocated_after_bytes'),
+    allocated_delta_bytes: opt('allocated_delta_bytes'),
+    peak_allocated_bytes: opt('peak_allocated_bytes'),
+    peak_reserved_bytes: opt('peak_reserved_bytes'),
+    reserved_after_bytes: opt('reserved_after_bytes'),
+    cache_bytes: opt('cache_bytes'),
+    nvml_process_bytes: opt('nvml_process_bytes'),
+    non_torch_bytes: opt('non_torch_bytes'),
+    breakdown: parseBreakdown(o.breakdown, `${path}.breakdown`),
+    peak_phase: optStr(o.peak_phase, `${path}.peak_phase`),
+    peak_step: opt('peak_step')
+  };
+}
+
+/** Parse a report mime bundle's JSON; throws WireFormatError on a wrong shape. */
+export function parseReport(value: unknown): IReport {
+  const o = object(value, '');
+  return {
+    schema: optNum(o.schema, '.schema') ?? undefined,
+    id: optStr(o.id, '.id') ?? undefined,
+    name: optStr(o.name, '.name'),
+    execution_count: optNum(o.execution_count, '.execution_count'),
+    started_at: optNum(o.started_at, '.started_at'),
+    wall_s: optNum(o.wall_s, '.wall_s'),
+    status: optStr(o.status, '.status') ?? 'unknown',
+    error: optStr(o.error, '.error'),
+    cuda_available: o.cuda_available !== false,
+    source: optStr(o.source, '.source'),
+    budget_bytes: optNum(o.budget_bytes, '.budget_bytes'),
+    notes: strings(o.notes, '.notes'),
+    warnings: strings(o.warnings, '.warnings'),
+    devices: array(o.devices ?? [], '.devices').map((d, i) =>
+      parseReportDevice(d, `.devices[${i}]`)
+    )
+  };
+}
