@@ -1,0 +1,78 @@
+"""The wheel carries the prebuilt labextension and the server config, and needs no Node.
+
+Builds the wheel from this checkout (the labextension must already be built, as the
+README's install does), installs it into a fresh virtualenv with Node removed from
+PATH, and asks Jupyter what is enabled there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILT = ROOT / "jupyter_gpumem" / "labextension" / "static" / "style.js"
+
+pytestmark = pytest.mark.skipif(not BUILT.exists(), reason="labextension not built: pip install -e . first")
+
+
+def _without_node(env: dict[str, str]) -> dict[str, str]:
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if not (Path(p) / "node").exists() and not (Path(p) / "npm").exists()]
+    return {**env, "PATH": os.pathsep.join(parts)}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    env = _without_node(dict(os.environ))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, env=env,
+    )  # fmt: skip
+    (whl,) = out.glob("jupyter_gpumem-*.whl")
+    return whl
+
+
+def test_wheel_ships_the_prebuilt_extension_and_server_config(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    data = "jupyter_gpumem-0.1.0.data/data/"
+    assert f"{data}share/jupyter/labextensions/jupyter-gpumem/package.json" in names
+    assert f"{data}share/jupyter/labextensions/jupyter-gpumem/install.json" in names
+    assert any(n.startswith(f"{data}share/jupyter/labextensions/jupyter-gpumem/static/remoteEntry.") for n in names)
+    assert f"{data}etc/jupyter/jupyter_server_config.d/jupyter_gpumem.json" in names
+
+
+def test_wheel_installs_and_is_enabled_without_node(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    env = _without_node({**os.environ, "VIRTUAL_ENV": str(env_dir)})
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    env.pop("PYTHONPATH", None)
+    assert shutil.which("node", path=env["PATH"]) is None
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True, env=env,
+    )  # fmt: skip
+    prefix = env_dir / "share" / "jupyter" / "labextensions" / "jupyter-gpumem"
+    assert (prefix / "package.json").exists()
+    jupyter = [str(python), "-m", "jupyter"]
+    assert (env_dir / "etc" / "jupyter" / "jupyter_server_config.d" / "jupyter_gpumem.json").exists()
+    labext = subprocess.run([*jupyter, "labextension", "list"], env=env, capture_output=True, text=True, check=True)
+    assert "jupyter-gpumem v0.1.0 enabled OK" in _plain(labext.stdout + labext.stderr)
+    server = subprocess.run([*jupyter, "server", "extension", "list"], env=env, capture_output=True, text=True, check=True)
+    out = _plain(server.stdout + server.stderr)
+    assert "jupyter_gpumem enabled" in out
+    assert "jupyter_gpumem 0.1.0 OK" in out
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
