@@ -326,7 +326,7 @@ class FakeNvml:
 
     def _processes(self, handle: FakeDevice) -> list[_Result]:
         self._check(handle, "processes")
-        out = []
+        out: list[_Result] = []
         for p in handle.processes:
             pids = list(self.kernel_pids()) if p.pid == KERNELS else [p.pid]
             memory = _NOT_AVAILABLE if p.memory_bytes is None else p.memory_bytes

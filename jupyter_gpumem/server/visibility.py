@@ -54,7 +54,7 @@ def _expand(gpu: PhysicalGpu) -> list[tuple[int, int | None]]:
 
 
 def _unique_prefix(
-    candidates: list[tuple[str, tuple[int, int | None]]], token: str
+    candidates: Sequence[tuple[str, tuple[int, int | None]]], token: str
 ) -> tuple[int, int | None] | None:
     exact = [key for uuid, key in candidates if uuid == token]
     if exact:

@@ -38,7 +38,7 @@ def torch_device() -> Any:
     return torch.cuda.get_device_properties(0)
 
 
-@pytest.fixture
+@pytest.fixture  # type: ignore[no-redef]  # overrides pytest-jupyter's
 def jp_server_config() -> dict[str, Any]:
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_gpumem": True}},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 from jupyter_gpumem.server.fake import DEFAULT_SPEC
-from jupyter_gpumem.server.sampler import THREAD_NAME
 
 
 @pytest.fixture
@@ -27,7 +25,7 @@ def gpumem_config() -> dict[str, Any]:
     return {}
 
 
-@pytest.fixture
+@pytest.fixture  # type: ignore[no-redef]  # overrides pytest-jupyter's
 def jp_server_config(
     fake_spec: dict[str, Any] | None, gpumem_config: dict[str, Any]
 ) -> dict[str, Any]:
@@ -35,7 +33,3 @@ def jp_server_config(
         "ServerApp": {"jpserver_extensions": {"jupyter_gpumem": True}},
         "GpuMem": {"backend": "fake", "fake_spec": fake_spec, "interval_s": 0.25, **gpumem_config},
     }
-
-
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sampler_threads
 from tornado.httpclient import HTTPClientError
 
 import jupyter_gpumem
 from jupyter_gpumem.server.fake import DEFAULT_SPEC
+from jupyter_gpumem.server.sampler import THREAD_NAME
 
 API = ("jupyter-gpumem", "api")
 ROUTES = [("health",), ("sample",), ("history",), ("kernels", "0000", "processes")]
@@ -25,6 +26,10 @@ async def get(jp_fetch: Any, *parts: str, **kwargs: Any) -> Any:
     response = await jp_fetch(*API, *parts, **kwargs)
     assert response.code == 200
     return json.loads(response.body)
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
 def shape(value: Any) -> Any:
@@ -77,7 +82,7 @@ async def test_history_since_and_bad_since(jp_fetch: Any) -> None:
     for bad in ("yesterday", "nan", "inf"):
         with pytest.raises(HTTPClientError) as error:
             await jp_fetch(*API, "history", params={"since": bad})
-        assert error.value.code == 400
+        assert error.value.code == 400 and error.value.response is not None
         assert "unix time in seconds" in json.loads(error.value.response.body)["message"]
 
 

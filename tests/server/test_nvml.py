@@ -41,7 +41,7 @@ def test_default_spec_two_devices_one_mig() -> None:
     gpu, mig = sample.devices
     assert (gpu.index, gpu.is_mig, gpu.parent_index) == (0, False, None)
     assert (mig.index, mig.is_mig, mig.parent_index) == (1, True, 1)
-    assert mig.uuid.startswith("MIG-")
+    assert mig.uuid is not None and mig.uuid.startswith("MIG-")
     # MIG instances have no per-instance sensors: None with a reason, never 0.
     assert mig.utilization_percent is None and mig.power_w is None
     assert mig.reasons["power_w"] == Reason.NOT_SUPPORTED.value
