@@ -3,6 +3,10 @@ const jestJupyterLab = require('@jupyterlab/testing/lib/jest-config');
 const esModules = [
   '@codemirror',
   '@jupyter/ydoc',
+  '@jupyterlab/',
+  '@marijn',
+  'color',
+  'marked',
   '@jupyter/react-components',
   '@jupyter/web-components',
   '@microsoft',

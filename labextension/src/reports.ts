@@ -28,6 +28,7 @@ export interface ICellOutputs {
 /**
  * Every parsable report of the given cells, newest first: by `started_at`, then
  * by `execution_count`, then by position (lower cells are assumed to run later).
+ * A report that lacks a key sorts after those that have it.
  */
 export function collectReports(cells: Iterable<ICellOutputs>): IReportEntry[] {
   const entries: IReportEntry[] = [];
@@ -50,13 +51,20 @@ export function collectReports(cells: Iterable<ICellOutputs>): IReportEntry[] {
   return entries.sort(newestFirst);
 }
 
+function sortKey(entry: IReportEntry): number[] {
+  const { started_at, execution_count } = entry.report;
+  return [started_at ?? -Infinity, execution_count ?? -Infinity, entry.cellIndex];
+}
+
 function newestFirst(a: IReportEntry, b: IReportEntry): number {
-  const byKey = (key: 'started_at' | 'execution_count'): number | null => {
-    const x = a.report[key];
-    const y = b.report[key];
-    return typeof x === 'number' && typeof y === 'number' && x !== y ? y - x : null;
-  };
-  return byKey('started_at') ?? byKey('execution_count') ?? b.cellIndex - a.cellIndex;
+  const ka = sortKey(a);
+  const kb = sortKey(b);
+  for (let i = 0; i < ka.length; i++) {
+    if (ka[i] !== kb[i]) {
+      return ka[i] < kb[i] ? 1 : -1;
+    }
+  }
+  return 0;
 }
 
 /** The cells of a live notebook, in the shape `collectReports` reads. */

@@ -1,0 +1,56 @@
+import { ServerConnection } from '@jupyterlab/services';
+
+import { ApiError, fetchHistory, fetchKernelProcesses, fetchSample } from '../request';
+import { fixture } from './helpers';
+
+/** Server settings whose fetch answers from a script and records the URLs asked. */
+function settingsAnswering(status: number, body: string) {
+  const urls: string[] = [];
+  const fetch = jest.fn(async (input: RequestInfo) => {
+    // Without ServerConnection's cache buster (`?1700000000000` or `&1700000000000`).
+    urls.push((typeof input === 'string' ? input : input.url).replace(/[?&]\d+$/, ''));
+    return new Response(body, { status, statusText: status === 200 ? 'OK' : 'Error' });
+  });
+  const settings = ServerConnection.makeSettings({
+    baseUrl: 'http://localhost:8888/base/',
+    fetch: fetch as any
+  });
+  return { settings, urls };
+}
+
+describe('request', () => {
+  it('fetches and parses a sample under the base URL', async () => {
+    const { settings, urls } = settingsAnswering(200, JSON.stringify(fixture('sample.json')));
+    const sample = await fetchSample(settings);
+    expect(sample.devices).toHaveLength(2);
+    expect(urls).toEqual(['http://localhost:8888/base/jupyter-gpumem/api/sample']);
+  });
+
+  it('puts `since` in the query of the history request', async () => {
+    const { settings, urls } = settingsAnswering(200, JSON.stringify({ interval_s: 1, samples: [] }));
+    await fetchHistory(1767225600.5, settings);
+    expect(urls[0]).toBe('http://localhost:8888/base/jupyter-gpumem/api/history?since=1767225600.5');
+  });
+
+  it('escapes the kernel id in the path', async () => {
+    const { settings, urls } = settingsAnswering(
+      200,
+      JSON.stringify({ kernel_id: 'a b', pids: [], matched_by: null, processes: [] })
+    );
+    await fetchKernelProcesses('a b', settings);
+    expect(urls[0]).toContain('/jupyter-gpumem/api/kernels/a%20b/processes');
+  });
+
+  it('throws on HTTP errors, with the status and the server message', async () => {
+    const { settings } = settingsAnswering(403, JSON.stringify({ message: 'Forbidden' }));
+    const error = await fetchSample(settings).catch(e => e);
+    expect(error).toBeInstanceOf(ApiError);
+    expect(error.status).toBe(403);
+    expect(error.message).toContain('Forbidden');
+  });
+
+  it('throws on a malformed body', async () => {
+    const { settings } = settingsAnswering(200, '{"devices": 3}');
+    await expect(fetchSample(settings)).rejects.toThrow('expected a number at .time');
+  });
+});

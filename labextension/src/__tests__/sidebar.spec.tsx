@@ -1,0 +1,149 @@
+import * as React from 'react';
+
+import { IPoint } from '../model';
+import { collectReports, IReportEntry } from '../reports';
+import { ISidebarProps, SidebarView } from '../sidebar';
+import { statusText } from '../statusbar';
+import { parseSample, REPORT_MIME_TYPE } from '../types';
+import { click, fixture, HOSTILE, render } from './helpers';
+
+function props(overrides: Partial<ISidebarProps> = {}): ISidebarProps {
+  const sample = parseSample(fixture('sample.json'));
+  const series = (index: number): IPoint[] =>
+    [0, 10, 20].map(dt => ({
+      time: sample.time - 20 + dt,
+      used_bytes: sample.devices[index].memory_used_bytes,
+      utilization_percent: null
+    }));
+  return {
+    sample,
+    error: null,
+    series,
+    window_s: 300,
+    kernelPids: new Set(),
+    kernelProcesses: null,
+    notebookTitle: null,
+    reports: [],
+    onReveal: () => undefined,
+    units: 'GiB',
+    ...overrides
+  };
+}
+
+function reportCell(id: string, report: any) {
+  return { id, outputs: [{ data: { [REPORT_MIME_TYPE]: report, 'text/plain': 'x' } }] };
+}
+
+describe('SidebarView', () => {
+  it('shows a card per device with gauge, sparkline and processes', () => {
+    const host = render(<SidebarView {...props()} />);
+    const cards = host.querySelectorAll('.jp-GpuMem-card');
+    expect(cards).toHaveLength(2);
+    const h100 = cards[0].textContent ?? '';
+    expect(h100).toContain('GPU 0');
+    expect(h100).toContain('NVIDIA H100 80GB HBM3');
+    expect(h100).toContain('16.5/79.6 GiB (21%)');
+    expect(h100).toContain('util 87%');
+    expect(h100).toContain('48211');
+    expect(cards[0].querySelectorAll('.jp-GpuMem-sparkLine')).toHaveLength(1);
+    expect(host.textContent).toContain('driver 550.54.15');
+    // MIG: no utilisation, with NVML's reason; process memory unknown.
+    const mig = cards[1].textContent ?? '';
+    expect(mig).toContain('MIG of GPU 1');
+    expect(mig).toContain('util – (not supported)');
+  });
+
+  it("highlights the active kernel's processes", () => {
+    const host = render(<SidebarView {...props({ kernelPids: new Set([50377]) })} />);
+    const rows = host.querySelectorAll('.jp-GpuMem-process.jp-mod-kernel');
+    expect(rows).toHaveLength(1);
+    expect(rows[0].textContent).toContain('50377');
+    expect(rows[0].textContent).toContain('this notebook');
+  });
+
+  it('renders process commands as text, never as HTML', () => {
+    const p = props();
+    p.sample!.devices[0].processes.push({ pid: 666, command: HOSTILE, memory_bytes: 1 });
+    p.sample!.devices[0].name = HOSTILE;
+    const host = render(<SidebarView {...p} />);
+    expect(host.querySelector('img, script, [onerror]')).toBeNull();
+    expect(host.textContent).toContain(HOSTILE);
+  });
+
+  it('shows the typed reason when NVML is unavailable', () => {
+    const p = props();
+    p.sample = { ...p.sample!, available: false, reason: 'driver not loaded', devices: [] };
+    const host = render(<SidebarView {...p} />);
+    expect(host.querySelector('.jp-GpuMem-unavailable')?.textContent).toBe(
+      'NVML unavailableDriver not loaded'.replace('Driver', 'driver')
+    );
+    expect(host.querySelector('.jp-GpuMem-card')).toBeNull();
+  });
+
+  it('says when the server cannot be reached', () => {
+    const host = render(<SidebarView {...props({ sample: null, error: '502 Bad Gateway' })} />);
+    expect(host.querySelector('[role=alert]')?.textContent).toContain('502 Bad Gateway');
+  });
+
+  it('lists the reports of the notebook newest first and reveals one on click', () => {
+    const older = { ...fixture('report.json'), name: 'older', started_at: 100 };
+    const newer = { ...fixture('report.json'), name: HOSTILE, started_at: 200, status: 'oom' };
+    const reports = collectReports([reportCell('a', older), reportCell('b', newer)]);
+    const onReveal = jest.fn();
+    const host = render(
+      <SidebarView {...props({ notebookTitle: 'train.ipynb', reports, onReveal })} />
+    );
+    const items = host.querySelectorAll('.jp-GpuMem-reportItem');
+    expect(items).toHaveLength(2);
+    expect(items[0].textContent).toContain(HOSTILE);
+    expect(items[0].textContent).toContain('oom');
+    expect(items[1].textContent).toContain('[7] older');
+    expect(items[1].textContent).toContain('peak 14.7 GiB · 3.42 s');
+    expect(host.querySelector('img')).toBeNull();
+    click(items[1]);
+    expect(onReveal).toHaveBeenCalledTimes(1);
+    expect((onReveal.mock.calls[0][0] as IReportEntry).cellId).toBe('a');
+  });
+
+  it('asks for a notebook when none is open', () => {
+    const host = render(<SidebarView {...props()} />);
+    expect(host.textContent).toContain('Open a notebook to see its reports.');
+  });
+});
+
+describe('collectReports', () => {
+  it('orders by start time, then execution count, then position', () => {
+    const base = fixture('report.json');
+    const cells = [
+      reportCell('a', { ...base, started_at: null, execution_count: 3 }),
+      reportCell('b', { ...base, started_at: null, execution_count: 9 }),
+      { id: 'c', outputs: [{ data: { 'text/plain': 'no report' } }] },
+      reportCell('d', { ...base, started_at: null, execution_count: null })
+    ];
+    expect(collectReports(cells).map(e => e.cellId)).toEqual(['b', 'a', 'd']);
+    expect(collectReports(cells).map(e => e.cellIndex)).toEqual([1, 0, 3]);
+  });
+
+  it('skips malformed reports', () => {
+    jest.spyOn(console, 'warn').mockImplementation(() => undefined);
+    const cells = [reportCell('a', 'not a report'), reportCell('b', fixture('report.json'))];
+    expect(collectReports(cells).map(e => e.cellId)).toEqual(['b']);
+  });
+});
+
+describe('statusText', () => {
+  it('shows the busiest GPU', () => {
+    const sample = parseSample(fixture('sample.json'));
+    expect(statusText(sample, null, 'GiB').text).toBe('GPU 0: 16.5/79.6 GiB');
+    expect(statusText(sample, null, 'GB').text).toBe('GPU 0: 17.7/85.5 GB');
+  });
+
+  it('says why there is nothing to show', () => {
+    expect(statusText(null, null, 'GiB').text).toBe('GPU: …');
+    expect(statusText(null, 'boom', 'GiB').text).toBe('GPU: offline');
+    const sample = { ...parseSample(fixture('sample.json')), available: false, reason: 'no permission' };
+    const status = statusText(sample, null, 'GiB');
+    expect(status.text).toBe('GPU: n/a');
+    expect(status.title).toContain('no permission');
+  });
+});
