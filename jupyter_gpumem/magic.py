@@ -202,10 +202,32 @@ class GpuMemMagics(Magics):
         if command == "history":
             return history.to_dataframe()
         if command == "monitor":
-            from jupyter_gpumem.widgets.monitor import show
-
-            return show()
+            return _monitor(words[1:])
         raise UsageError(f"%gpumem takes one of: {', '.join(LINE_COMMANDS)}; got {command!r}")
+
+
+def _monitor(words: list[str]) -> Any:
+    """`%gpumem monitor [--interval S] [--device N ...]`: the live NVML gauge widget."""
+    from jupyter_gpumem.widgets.monitor import show
+
+    usage = "usage: %gpumem monitor [--interval SECONDS (>= 0.25)] [--device N ...]"
+    interval_s, devices = 1.0, []
+    it = iter(words)
+    for word in it:
+        value = next(it, None)
+        try:
+            if word == "--interval" and value is not None:
+                interval_s = float(value)
+            elif word == "--device" and value is not None:
+                devices.append(int(value))
+            else:
+                raise ValueError(word)
+        except ValueError:
+            raise UsageError(f"%gpumem monitor: bad argument {word!r} {value or ''}\n{usage}") from None
+    try:
+        return show(interval_s, devices or None)
+    except ValueError as exc:
+        raise UsageError(f"%gpumem monitor: {exc}\n{usage}") from None
 
 
 def _status() -> None:

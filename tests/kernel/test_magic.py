@@ -121,3 +121,9 @@ def test_history_returns_every_report_as_a_dataframe(shell: InteractiveShell) ->
     assert list(frame["name"]) == ["first", "second"]
     assert list(jupyter_gpumem.history()["name"]) == ["first", "second"]
     assert {"peak_allocated_bytes", "peak_reserved_bytes", "wall_s"} <= set(frame.columns)
+
+
+@pytest.mark.parametrize("line", ["monitor --interval fast", "monitor --interval 0.01", "monitor --colour red"])
+def test_monitor_bad_arguments_say_what_is_allowed(shell: InteractiveShell, line: str) -> None:
+    with pytest.raises(UsageError, match=re.escape("%gpumem monitor [--interval SECONDS (>= 0.25)]")):
+        shell.run_line_magic("gpumem", line)
