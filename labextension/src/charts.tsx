@@ -5,7 +5,7 @@
  */
 import * as React from 'react';
 
-import { formatBytes, formatFraction, formatUsedTotal, Units } from './format';
+import { formatBytes, formatFraction, formatSeconds, formatUsedTotal, Units } from './format';
 import { IPoint } from './model';
 
 /** Share of a total in [0, 1], or null when either side is unknown. */
@@ -58,9 +58,13 @@ export function Gauge(props: {
 const SPARK_W = 200;
 const SPARK_H = 36;
 
+/** The sparkline never spans less than this, so that a new server's first points do not fill it. */
+const MIN_SPAN_S = 60;
+
 /**
  * Memory used over the last `window_s` seconds (ending at the newest point), as a
- * share of `total`. Gaps in the data (unknown values) break the line.
+ * share of `total`. Until there is that much history, the span is what there is
+ * (at least a minute). Gaps in the data (unknown values) break the line.
  */
 export function Sparkline(props: {
   points: IPoint[];
@@ -70,8 +74,10 @@ export function Sparkline(props: {
 }): JSX.Element {
   const { points, total, window_s } = props;
   const end = points.length ? points[points.length - 1].time : 0;
-  const start = end - window_s;
-  const x = (t: number) => ((t - start) / window_s) * SPARK_W;
+  const first = points.length ? points[0].time : 0;
+  const span = Math.min(window_s, Math.max(end - first, MIN_SPAN_S));
+  const start = end - span;
+  const x = (t: number) => ((t - start) / span) * SPARK_W;
   const y = (bytes: number) => SPARK_H - (fraction(bytes, total) ?? 0) * (SPARK_H - 2) - 1;
 
   const runs: string[][] = [];
@@ -93,8 +99,7 @@ export function Sparkline(props: {
     (m, p) => (p.used_bytes !== null && (m === null || p.used_bytes > m) ? p.used_bytes : m),
     null
   );
-  const minutes = Math.round(window_s / 60);
-  const title = `memory used, last ${minutes} min; peak ${formatBytes(peak, props.units)}`;
+  const title = `memory used, last ${formatSeconds(span)}; peak ${formatBytes(peak, props.units)}`;
   return (
     <svg
       className="jp-GpuMem-sparkline"

@@ -86,7 +86,7 @@ export function formatSeconds(seconds: number | null | undefined): string {
   const rest = Math.round(abs - minutes * 60);
   const sign = seconds < 0 ? '-' : '';
   if (minutes < 60) {
-    return `${sign}${minutes} min ${rest} s`;
+    return rest ? `${sign}${minutes} min ${rest} s` : `${sign}${minutes} min`;
   }
   return `${sign}${Math.floor(minutes / 60)} h ${minutes % 60} min`;
 }

@@ -113,6 +113,15 @@ function DeviceRows(props: { devices: IReportDevice[]; units: Units }): JSX.Elem
   );
 }
 
+function Metric(props: { label: string; value: string; over?: boolean }): JSX.Element {
+  return (
+    <div className={props.over ? 'jp-GpuMem-metric jp-mod-over' : 'jp-GpuMem-metric'}>
+      <div className="jp-GpuMem-metricLabel">{props.label}</div>
+      <div className="jp-GpuMem-metricValue">{props.value}</div>
+    </div>
+  );
+}
+
 /** The report as shown under a cell. */
 export function ReportView(props: { report: IReport; units: Units }): JSX.Element {
   const { report, units } = props;
@@ -145,33 +154,19 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
         <div className="jp-GpuMem-reportEmpty">No CUDA device was used by this cell.</div>
       )}
       {main && (
-        <dl className="jp-GpuMem-summary">
-          <div>
-            <dt>Peak allocated</dt>
-            <dd>{formatBytes(main.peak_allocated_bytes, units)}</dd>
-          </div>
-          <div>
-            <dt>Peak reserved</dt>
-            <dd>{formatBytes(main.peak_reserved_bytes, units)}</dd>
-          </div>
-          <div>
-            <dt>Cache</dt>
-            <dd>{formatBytes(main.cache_bytes, units)}</dd>
-          </div>
-          <div>
-            <dt>Wall time</dt>
-            <dd>{formatSeconds(report.wall_s)}</dd>
-          </div>
+        <div className="jp-GpuMem-summary">
+          <Metric label="Peak allocated" value={formatBytes(main.peak_allocated_bytes, units)} />
+          <Metric label="Peak reserved" value={formatBytes(main.peak_reserved_bytes, units)} />
+          <Metric label="Cache" value={formatBytes(main.cache_bytes, units)} />
+          <Metric label="Wall time" value={formatSeconds(report.wall_s)} />
           {report.budget_bytes ? (
-            <div className={overBudget ? 'jp-mod-over' : undefined}>
-              <dt>Budget</dt>
-              <dd>
-                {formatBytes(report.budget_bytes, units)}
-                {overBudget ? ' (exceeded)' : ''}
-              </dd>
-            </div>
+            <Metric
+              label="Budget"
+              value={`${formatBytes(report.budget_bytes, units)}${overBudget ? ' (exceeded)' : ''}`}
+              over={overBudget}
+            />
           ) : null}
-        </dl>
+        </div>
       )}
       {report.devices.length > 0 && <DeviceRows devices={report.devices} units={units} />}
       {report.devices.map(device =>

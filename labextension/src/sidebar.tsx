@@ -112,7 +112,9 @@ export function DeviceCard(props: {
     <div className="jp-GpuMem-card" data-device-index={device.index}>
       <div className="jp-GpuMem-cardHeader">
         <span className="jp-GpuMem-cardIndex">GPU {device.index}</span>
-        <span className="jp-GpuMem-cardName">{device.name ?? UNKNOWN}</span>
+        <span className="jp-GpuMem-cardName" title={device.name ?? undefined}>
+          {device.name ?? UNKNOWN}
+        </span>
         {device.is_mig && (
           <span className="jp-GpuMem-badge">
             MIG{device.parent_index !== null ? ` of GPU ${device.parent_index}` : ''}

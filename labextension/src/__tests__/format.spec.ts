@@ -40,6 +40,8 @@ describe('formatSeconds', () => {
     expect(formatSeconds(0.187)).toBe('187 ms');
     expect(formatSeconds(3.4178)).toBe('3.42 s');
     expect(formatSeconds(125)).toBe('2 min 5 s');
+    expect(formatSeconds(300)).toBe('5 min');
+    expect(formatSeconds(7380)).toBe('2 h 3 min');
     expect(formatSeconds(null)).toBe(UNKNOWN);
   });
 });

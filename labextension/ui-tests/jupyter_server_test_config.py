@@ -1,0 +1,93 @@
+"""Jupyter Server configuration for the Galata UI tests of jupyter-gpumem.
+
+Runs JupyterLab on the NVML stand-in (``c.GpuMem.backend = "fake"``): two GPUs, one with
+a MIG instance, a process per running kernel (so the active notebook's row is highlighted)
+and a process whose command is an HTML injection attempt that must show as literal text.
+
+The labextension is served from this checkout's build (``jupyter_gpumem/labextension``),
+so the tests exercise the code under test even if another copy is installed.
+Never use this configuration outside tests: it switches off authentication.
+"""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyterlab.galata import configure_jupyter_server
+
+REPO = Path(__file__).resolve().parents[2]
+BUILT = REPO / "jupyter_gpumem" / "labextension"
+GiB = 2**30
+
+# A fresh clone run without `pip install -e .` still finds the package.
+try:
+    import jupyter_gpumem  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO))
+
+if not (BUILT / "package.json").exists():
+    raise SystemExit(
+        f"{BUILT} is missing: build the labextension first "
+        "(`npm ci && npm run build:prod` in labextension/, or `pip install -e .`)"
+    )
+
+configure_jupyter_server(c)  # noqa: F821 (c is the config object Jupyter passes in)
+
+c.ServerApp.port = int(os.environ.get("JUPYTER_GPUMEM_UI_PORT", "8891"))  # noqa: F821
+c.ServerApp.allow_root = True  # noqa: F821
+c.ServerApp.jpserver_extensions = {"jupyter_gpumem": True}  # noqa: F821
+
+# Serve this checkout's build under its extension name, ahead of any installed copy.
+_ext_dir = Path(tempfile.mkdtemp(prefix="gpumem-labext-"))
+(_ext_dir / "jupyter-gpumem").symlink_to(BUILT, target_is_directory=True)
+c.LabServerApp.extra_labextensions_path = [  # noqa: F821
+    str(_ext_dir),
+    c.LabServerApp.extra_labextensions_path,  # noqa: F821 (galata's test helpers)
+]
+
+XSS_COMMAND = "<img src=x onerror=alert(1)>"
+
+c.GpuMem.backend = "fake"  # noqa: F821
+c.GpuMem.interval_s = 0.5  # noqa: F821
+c.GpuMem.fake_spec = {  # noqa: F821
+    "driver_version": "550.54.15",
+    "devices": [
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-5c3b9f0e-6f2a-4d1e-9a7b-1f2e3d4c5b6a",
+            "memory_total_bytes": 85520809984,
+            "memory_used_bytes": 31 * GiB,
+            "utilization_percent": 87,
+            "temperature_c": 54,
+            "power_w": 412.61,
+            "processes": [
+                {"pid": "kernels", "memory_bytes": 12 * GiB},
+                {"pid": 48211, "command": "python train.py --config gpt2.yaml", "memory_bytes": 18 * GiB},
+                {"pid": 4242, "command": XSS_COMMAND, "memory_bytes": 1 * GiB},
+            ],
+        },
+        {
+            "name": "NVIDIA A100-SXM4-40GB",
+            "uuid": "GPU-a1b2c3d4-0000-4000-8000-0123456789ab",
+            "memory_total_bytes": 42949672960,
+            "memory_used_bytes": 6442450944,
+            "utilization_percent": 12,
+            "temperature_c": 41,
+            "power_w": 96.0,
+            "mig": [
+                {
+                    "uuid": "MIG-7e4f3a2b-1c0d-5e6f-8a9b-0c1d2e3f4a5b",
+                    "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                    "memory_total_bytes": 21223178240,
+                    "memory_used_bytes": 4311744512,
+                    "gpu_instance_id": 1,
+                    "compute_instance_id": 0,
+                    "processes": [
+                        {"pid": 61002, "command": "python finetune.py", "memory_bytes": None},
+                    ],
+                },
+            ],
+        },
+    ],
+}

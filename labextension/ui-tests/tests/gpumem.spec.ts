@@ -1,0 +1,251 @@
+/**
+ * UI tests of the jupyter-gpumem labextension, against the NVML stand-in that
+ * jupyter_server_test_config.py configures (an H100 and an A100 in MIG mode with one instance, a process
+ * per kernel, and a process whose command is an HTML injection attempt).
+ *
+ * Screenshots are written to ui-tests/screenshots/ (light and dark theme) for
+ * people to look at; they are not compared pixel by pixel.
+ */
+import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import * as fs from 'fs';
+import * as path from 'path';
+
+const SIDEBAR_ID = 'jupyter-gpumem:sidebar';
+const STATUS = '[id="jupyter-gpumem:status"]';
+const REPORT_MIME = 'application/vnd.jupyter-gpumem.report+json';
+const XSS = '<img src=x onerror=alert(1)>';
+const GiB = 2 ** 30;
+const SHOTS = path.resolve(__dirname, '..', 'screenshots');
+const FIXTURES = path.resolve(__dirname, '..', '..', '..', 'tests', 'fixtures');
+
+function fixture(name: string): any {
+  return JSON.parse(fs.readFileSync(path.join(FIXTURES, name), 'utf-8'));
+}
+
+async function shot(page: IJupyterLabPageFixture, name: string): Promise<void> {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  await page.sidebar.close('left');
+  await page.screenshot({ path: path.join(SHOTS, `${name}.png`) });
+}
+
+async function openSidebar(page: IJupyterLabPageFixture): Promise<void> {
+  await page.sidebar.openTab(SIDEBAR_ID);
+  await page.sidebar.setWidth(380, 'right');
+  await expect(page.locator('.jp-GpuMem-card')).toHaveCount(2);
+}
+
+/** A notebook whose outputs carry report bundles (no kernel execution needed). */
+function reportNotebook(): string {
+  const train = fixture('report.json');
+  const evaluate = {
+    ...fixture('report.json'),
+    id: 'eval-8',
+    name: 'eval',
+    execution_count: 8,
+    started_at: train.started_at + 60,
+    wall_s: 0.84,
+    status: 'ok',
+    warnings: ['The peak is above 75% of the budget (16 GiB).']
+  };
+  evaluate.devices[0].breakdown = null;
+  evaluate.devices[0].peak_allocated_bytes = 3 * GiB;
+  const cpu = {
+    schema: 1,
+    id: 'cpu-9',
+    name: 'cpu only',
+    execution_count: 9,
+    started_at: train.started_at + 120,
+    wall_s: 0.012,
+    status: 'ok',
+    error: null,
+    cuda_available: false,
+    source: 'counters',
+    notes: ['No CUDA device is present: the cell ran unchanged.'],
+    warnings: [],
+    devices: []
+  };
+  const code = (id: string, source: string, report: any) => ({
+    cell_type: 'code',
+    id,
+    execution_count: report.execution_count,
+    metadata: {},
+    source,
+    outputs: [
+      {
+        output_type: 'display_data',
+        metadata: {},
+        data: {
+          [REPORT_MIME]: report,
+          'text/html': '<div class="gpumem-html-fallback">HTML fallback</div>',
+          'text/plain': `gpumem report ${report.name}`
+        }
+      }
+    ]
+  });
+  return JSON.stringify({
+    nbformat: 4,
+    nbformat_minor: 5,
+    metadata: {
+      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
+    },
+    cells: [
+      { cell_type: 'markdown', id: 'intro', metadata: {}, source: '# GPU memory reports' },
+      code('train', '%%gpumem --name train\nfor batch in batches:\n    step(batch)', train),
+      code('eval', '%%gpumem --name eval\nevaluate(model)', evaluate),
+      code('cpu', '%%gpumem --name "cpu only"\nx = torch.ones(4)', cpu)
+    ]
+  });
+}
+
+test.describe('jupyter-gpumem', () => {
+  test('the sidebar shows a card per GPU of the stand-in, process names as text', async ({
+    page
+  }) => {
+    const dialogs: string[] = [];
+    page.on('dialog', async dialog => {
+      dialogs.push(dialog.message());
+      await dialog.dismiss();
+    });
+    await openSidebar(page);
+
+    const cards = page.locator('.jp-GpuMem-card');
+    await expect(cards.nth(0)).toContainText('GPU 0');
+    await expect(cards.nth(0)).toContainText('NVIDIA H100 80GB HBM3');
+    await expect(cards.nth(0)).toContainText('31/79.6 GiB (39%)');
+    await expect(cards.nth(0)).toContainText('util 87%');
+    await expect(cards.nth(0).locator('.jp-GpuMem-sparkLine')).toHaveCount(1);
+    // A GPU in MIG mode shows as its instances, numbered as torch sees them.
+    await expect(cards.nth(1)).toContainText('GPU 1');
+    await expect(cards.nth(1)).toContainText('NVIDIA A100-SXM4-40GB MIG 3g.20gb');
+    await expect(cards.nth(1)).toContainText('MIG of GPU 1');
+    await expect(cards.nth(1)).toContainText('util – (not supported)');
+    await expect(page.locator('.jp-GpuMem-driver')).toHaveText('driver 550.54.15');
+
+    // The injection attempt is a process command: literal text, no element, no dialog.
+    const command = page.locator('.jp-GpuMem-command', { hasText: XSS });
+    await expect(command).toHaveCount(1);
+    await expect(page.locator('.jp-GpuMem-sidebar img')).toHaveCount(0);
+    await page.waitForTimeout(1500); // a few polls, so an injected handler would have run
+    expect(dialogs).toEqual([]);
+
+    await shot(page, 'sidebar-light');
+    await page.theme.setDarkTheme();
+    await expect(page.locator('.jp-GpuMem-card')).toHaveCount(2);
+    await shot(page, 'sidebar-dark');
+    await page.theme.setLightTheme();
+  });
+
+  test('the status bar item shows the busiest GPU and follows new samples', async ({ page }) => {
+    const item = page.locator(STATUS);
+    await expect(item).toHaveText('GPU 0: 31/79.6 GiB');
+
+    // The server's next samples say GPU 1's MIG instance is nearly full.
+    let full = true;
+    await page.route('**/jupyter-gpumem/api/sample*', async route => {
+      if (!full) {
+        return route.continue();
+      }
+      const response = await route.fetch();
+      const sample = await response.json();
+      sample.devices[1].memory_used_bytes = 19 * GiB;
+      await route.fulfill({ response, json: sample });
+    });
+    await expect(item).toHaveText('GPU 1: 19/19.8 GiB', { timeout: 10000 });
+    full = false;
+    await expect(item).toHaveText('GPU 0: 31/79.6 GiB', { timeout: 10000 });
+
+    // Clicking it opens the sidebar.
+    await item.click();
+    await expect(page.locator('.jp-GpuMem-card')).toHaveCount(2);
+  });
+
+  test('the sidebar says why when NVML is unavailable, and when the server fails', async ({
+    page
+  }) => {
+    await openSidebar(page);
+    // One handler whose answer the test switches: NVML unavailable, server failing, real.
+    let mode: 'unavailable' | 'failing' | 'real' = 'unavailable';
+    await page.route('**/jupyter-gpumem/api/sample*', async route => {
+      if (mode === 'unavailable') {
+        await route.fulfill({
+          json: {
+            time: Date.now() / 1000,
+            interval_s: 1,
+            available: false,
+            reason: 'driver not loaded',
+            driver_version: null,
+            devices: []
+          }
+        });
+      } else if (mode === 'failing') {
+        await route.fulfill({ status: 502, json: { message: 'sampler stopped' } });
+      } else {
+        await route.continue();
+      }
+    });
+    await expect(page.locator('.jp-GpuMem-unavailable')).toHaveText(
+      'NVML unavailabledriver not loaded',
+      { timeout: 10000 }
+    );
+    await expect(page.locator('.jp-GpuMem-card')).toHaveCount(0);
+    await expect(page.locator(STATUS)).toHaveText('GPU: n/a');
+    await shot(page, 'sidebar-unavailable-light');
+
+    mode = 'failing';
+    await expect(page.locator('.jp-GpuMem-error')).toContainText('sampler stopped', {
+      timeout: 10000
+    });
+    mode = 'real';
+    // The poll backs off while failing, but only to a few seconds after one failure.
+    await expect(page.locator('.jp-GpuMem-error')).toHaveCount(0, { timeout: 30000 });
+    await expect(page.locator('.jp-GpuMem-card')).toHaveCount(2);
+  });
+
+  test('reports in a notebook render with the mime renderer and are listed in the sidebar', async ({
+    page,
+    tmpPath
+  }) => {
+    const name = 'reports.ipynb';
+    await page.contents.uploadContent(reportNotebook(), 'text', `${tmpPath}/${name}`);
+    await page.notebook.openByPath(`${tmpPath}/${name}`);
+    await page.notebook.activate(name);
+
+    const views = page.locator('.jp-Notebook .jp-GpuMem-reportView');
+    await expect(views).toHaveCount(3);
+    await expect(page.locator('.gpumem-html-fallback')).toHaveCount(0);
+    await expect(views.nth(0)).toContainText('%%gpumem train');
+    await expect(views.nth(0)).toContainText('Peak allocated14.7 GiB');
+    await expect(views.nth(0)).toContainText('Peak reserved15.5 GiB');
+    await expect(views.nth(0)).toContainText('forward, step 2');
+    await expect(views.nth(0).locator('.jp-GpuMem-stackedBar .jp-GpuMem-seg')).toHaveCount(8);
+    await expect(views.nth(1)).toContainText('The peak is above 75% of the budget');
+    await expect(views.nth(2)).toContainText('No CUDA device is present');
+
+    await openSidebar(page);
+    const items = page.locator('.jp-GpuMem-reportItem');
+    await expect(items).toHaveCount(3);
+    await expect(items.nth(0)).toContainText('[9] cpu only');
+    await expect(items.nth(1)).toContainText('[8] eval');
+    await expect(items.nth(2)).toContainText('[7] train');
+    await expect(items.nth(2)).toContainText('peak 14.7 GiB · 3.42 s');
+    await expect(page.locator('.jp-GpuMem-reports .jp-GpuMem-sectionTitle')).toContainText(name);
+
+    // The notebook's kernel runs as a (fake) GPU process: its row is highlighted.
+    await expect(page.locator('.jp-GpuMem-process.jp-mod-kernel')).toHaveCount(1, {
+      timeout: 30000
+    });
+    await expect(page.locator('.jp-GpuMem-process.jp-mod-kernel')).toContainText('this notebook');
+
+    // Clicking a report selects its cell.
+    await items.nth(2).click();
+    await expect(page.locator('.jp-Notebook .jp-Cell.jp-mod-active')).toContainText(
+      '--name train'
+    );
+    await page.notebook.getCellLocator(1).then(cell => cell?.scrollIntoViewIfNeeded());
+    await shot(page, 'notebook-reports-light');
+    await page.theme.setDarkTheme();
+    await expect(views).toHaveCount(3);
+    await shot(page, 'notebook-reports-dark');
+    await page.theme.setLightTheme();
+  });
+});
