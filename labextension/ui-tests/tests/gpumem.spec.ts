@@ -101,6 +101,12 @@ test.describe('jupyter-gpumem', () => {
   test('the sidebar shows a card per GPU of the stand-in, process names as text', async ({
     page
   }) => {
+    const errors: string[] = [];
+    page.on('console', message => {
+      if (message.type() === 'error' && /gpumem/i.test(message.text())) {
+        errors.push(message.text());
+      }
+    });
     const dialogs: string[] = [];
     page.on('dialog', async dialog => {
       dialogs.push(dialog.message());
@@ -127,6 +133,7 @@ test.describe('jupyter-gpumem', () => {
     await expect(page.locator('.jp-GpuMem-sidebar img')).toHaveCount(0);
     await page.waitForTimeout(1500); // a few polls, so an injected handler would have run
     expect(dialogs).toEqual([]);
+    expect(errors).toEqual([]);
 
     await shot(page, 'sidebar-light');
     await page.theme.setDarkTheme();
