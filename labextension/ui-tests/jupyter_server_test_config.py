@@ -37,6 +37,8 @@ configure_jupyter_server(c)  # noqa: F821 (c is the config object Jupyter passes
 c.ServerApp.port = int(os.environ.get("JUPYTER_GPUMEM_UI_PORT", "8891"))  # noqa: F821
 c.ServerApp.allow_root = True  # noqa: F821
 c.ServerApp.jpserver_extensions = {"jupyter_gpumem": True}  # noqa: F821
+# Settings changed by a test stay in this run.
+c.LabApp.user_settings_dir = tempfile.mkdtemp(prefix="gpumem-settings-")  # noqa: F821
 
 # Serve this checkout's build under its extension name, ahead of any installed copy.
 _ext_dir = Path(tempfile.mkdtemp(prefix="gpumem-labext-"))

@@ -255,4 +255,21 @@ test.describe('jupyter-gpumem', () => {
     await shot(page, 'notebook-reports-dark');
     await page.theme.setLightTheme();
   });
+
+  test('the units setting switches to decimal gigabytes', async ({ page }) => {
+    await expect(page.locator(STATUS)).toHaveText('GPU 0: 31/79.6 GiB');
+    // From the page, so that Galata's settings stand-in sees it too.
+    const status = await page.evaluate(async () => {
+      const response = await fetch('/lab/api/settings/jupyter-gpumem:plugin', {
+        method: 'PUT',
+        body: JSON.stringify({ raw: '{"units": "GB"}' })
+      });
+      return response.status;
+    });
+    expect(status).toBeLessThan(300);
+    await page.reload();
+    await expect(page.locator(STATUS)).toHaveText('GPU 0: 33.3/85.5 GB');
+    await openSidebar(page);
+    await expect(page.locator('.jp-GpuMem-card').nth(0)).toContainText('33.3/85.5 GB (39%)');
+  });
 });
