@@ -1,0 +1,58 @@
+"""The cell's memory over time: allocated and reserved after each event, with phase bands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PHASES = ("forward", "backward", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class PhaseBand:
+    """A stretch of the cell spent in one phase of one training step."""
+
+    start_s: float  # seconds since the cell started
+    end_s: float
+    phase: str  # one of PHASES
+    step: int  # 0-based iteration of the training loop
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Allocated and reserved bytes over the cell; the peak and the phases marked."""
+
+    t_s: tuple[float, ...]  # seconds since the cell started, one per point
+    allocated_bytes: tuple[int, ...]
+    reserved_bytes: tuple[int, ...]
+    bands: tuple[PhaseBand, ...]
+    peak_t_s: float
+    peak_bytes: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "t_s": list(self.t_s),
+            "allocated_bytes": list(self.allocated_bytes),
+            "reserved_bytes": list(self.reserved_bytes),
+            "bands": [b.__dict__ for b in self.bands],
+            "peak_t_s": self.peak_t_s,
+            "peak_bytes": self.peak_bytes,
+        }
+
+
+def downsample(
+    t_s: Sequence[float], allocated: Sequence[int], reserved: Sequence[int], max_points: int = 2000
+) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
+    """At most ``max_points`` points, keeping each bucket's maximum so no peak is lost."""
+    n = len(t_s)
+    if n <= max_points:
+        return tuple(t_s), tuple(allocated), tuple(reserved)
+    size = -(-n // max_points)
+    ts, al, re = [], [], []
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        top = max(range(start, stop), key=allocated.__getitem__)
+        ts.append(t_s[top])
+        al.append(allocated[top])
+        re.append(max(reserved[start:stop]))
+    return tuple(ts), tuple(al), tuple(re)
