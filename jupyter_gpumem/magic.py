@@ -14,6 +14,7 @@ import shlex
 import sys
 import warnings
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -32,7 +33,7 @@ from jupyter_gpumem.units import parse_size
 
 CELL_USAGE = (
     "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
-    "[--no-trace] [--quiet]"
+    "[--top N] [--no-trace] [--quiet]"
 )
 LINE_COMMANDS = ("status", "history", "monitor")
 
@@ -49,6 +50,7 @@ class Options:
     snapshot: str | None
     trace: bool
     quiet: bool
+    top: int
 
 
 class _Parser:
@@ -66,6 +68,7 @@ class _Parser:
         "--no-trace", action="store_true", help="counters only (cheapest); resets peak counters"
     )
     @argument("--quiet", action="store_true", help="show nothing; the report is still stored")
+    @argument("--top", metavar="N", help="list the N largest tensors (default 10)")
     def gpumem(self, line: str) -> None:
         """Track GPU memory of a cell: exact peak allocated/reserved per device."""
 
@@ -105,7 +108,13 @@ def parse_options(line: str) -> Options:
         parent = os.path.dirname(os.path.abspath(args.snapshot))
         if not os.path.isdir(parent):
             raise UsageError(f"--snapshot: the folder {parent!r} does not exist")
+    top = 10
+    if args.top is not None:
+        if not args.top.isdigit() or int(args.top) < 1:
+            raise UsageError(f"--top takes a positive whole number of tensors, got {args.top!r}")
+        top = int(args.top)
     return Options(
+        top=top,
         output=args.output,
         name=args.name,
         devices=devices,
@@ -127,26 +136,31 @@ class GpuMemMagics(Magics):
             return self._line(line)
         opts = parse_options(line)
         self._check_devices(opts)
+        shell = self.shell
+        assert shell is not None
+        filename, body, tail = self._compile(cell)
         tracker = CellTracker(
             CellOptions(
                 trace=opts.trace,
                 devices=opts.devices,
                 all_devices=opts.all_devices,
                 snapshot_path=opts.snapshot,
-            )
+            ),
+            shell.user_ns,
         )
         tracker.start()
         error: BaseException | None = None
         try:
-            return self._run(cell)
+            exec(body, shell.user_ns)
+            return eval(tail, shell.user_ns) if tail is not None else None
         except BaseException as exc:
             error = exc
             raise
         finally:
-            self._finish(tracker, opts, error)
+            self._finish(tracker, opts, error, filename)
 
-    def _run(self, cell: str) -> Any:
-        """Run the cell in the user namespace; the value of a final expression is returned."""
+    def _compile(self, cell: str) -> tuple[str, CodeType, CodeType | None]:
+        """Compile the cell as IPython would; a final expression is compiled apart, to return its value."""
         shell = self.shell
         assert shell is not None
         source = shell.transform_cell(cell)
@@ -154,12 +168,12 @@ class GpuMemMagics(Magics):
         tree = ast.parse(source, filename=filename)
         tail = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            tail = ast.Expression(tree.body.pop().value)
-        ns = shell.user_ns
-        exec(compile(tree, filename, "exec"), ns)
-        return eval(compile(tail, filename, "eval"), ns) if tail is not None else None
+            tail = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        return filename, compile(tree, filename, "exec"), tail
 
-    def _finish(self, tracker: CellTracker, opts: Options, error: BaseException | None) -> None:
+    def _finish(
+        self, tracker: CellTracker, opts: Options, error: BaseException | None, filename: str
+    ) -> None:
         try:
             recording = tracker.stop(error)
             nvml = process_bytes() if recording.devices else {}
@@ -170,6 +184,8 @@ class GpuMemMagics(Magics):
                 budget_bytes=opts.budget_bytes,
                 all_devices=opts.all_devices,
                 process_bytes=nvml,
+                cell_filename=filename,
+                top=opts.top,
             )
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
@@ -223,7 +239,9 @@ def _monitor(words: list[str]) -> Any:
             else:
                 raise ValueError(word)
         except ValueError:
-            raise UsageError(f"%gpumem monitor: bad argument {word!r} {value or ''}\n{usage}") from None
+            raise UsageError(
+                f"%gpumem monitor: bad argument {word!r} {value or ''}\n{usage}"
+            ) from None
     try:
         return show(interval_s, devices or None)
     except ValueError as exc:

@@ -11,6 +11,9 @@ import html
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from jupyter_gpumem.analysis.attribution import OomInfo
+from jupyter_gpumem.analysis.breakdown import TensorRecord
+from jupyter_gpumem.analysis.timeline import Timeline
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
@@ -38,9 +41,12 @@ class DeviceReport:
         int | None
     )  # nvml_process_bytes - reserved: CUDA context, cuBLAS, other libraries
     source: str  # "allocator-trace" or "counters"
-    breakdown: dict[str, int] | None = None
-    peak_phase: str | None = None
-    peak_step: int | None = None
+    breakdown: dict[str, int] | None = None  # sums to peak_allocated_bytes
+    peak_phase: str | None = None  # forward, backward, optimizer or other
+    peak_step: int | None = None  # loop iteration of the peak, 0-based
+    timeline: Timeline | None = None
+    tensors: tuple[TensorRecord, ...] = ()
+    oom: OomInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +103,30 @@ class Report:
     @property
     def cache_bytes(self) -> int | None:
         return self.main.cache_bytes if self.main else None
+
+    @property
+    def breakdown(self) -> dict[str, int] | None:
+        return self.main.breakdown if self.main else None
+
+    @property
+    def peak_phase(self) -> str | None:
+        return self.main.peak_phase if self.main else None
+
+    @property
+    def peak_step(self) -> int | None:
+        return self.main.peak_step if self.main else None
+
+    @property
+    def tensors(self) -> tuple[TensorRecord, ...]:
+        return self.main.tensors if self.main else ()
+
+    @property
+    def timeline(self) -> Timeline | None:
+        return self.main.timeline if self.main else None
+
+    @property
+    def oom(self) -> OomInfo | None:
+        return self.main.oom if self.main else None
 
     @property
     def over_budget(self) -> bool:
@@ -167,9 +197,52 @@ def render_text(r: Report) -> str:
     if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
         verdict = "OVER" if r.over_budget else "within"
         lines.append(f"budget {format_bytes(r.budget_bytes)}: peak is {verdict} budget")
+    main = r.main
+    if main is not None:
+        lines.extend(_detail_lines(main))
     lines.extend(f"warning: {w}" for w in r.warnings)
     lines.extend(f"note: {n}" for n in r.notes)
     return "\n".join(lines)
+
+
+def _where(d: DeviceReport) -> str:
+    if d.peak_phase is None:
+        return ""
+    step = f", step {d.peak_step}" if d.peak_step is not None else ""
+    return f" ({d.peak_phase}{step})"
+
+
+def _detail_lines(d: DeviceReport) -> list[str]:
+    """Breakdown at the peak, out-of-memory advice and the tensor delta of one device."""
+    lines: list[str] = []
+    if d.breakdown:
+        lines.append(f"at the peak{_where(d)} on {d.device}:")
+        total = max(1, d.peak_allocated_bytes)
+        for category, n in sorted(d.breakdown.items(), key=lambda kv: -kv[1]):
+            if n:
+                lines.append(
+                    f"  {category.replace('_', ' '):<18}{format_bytes(n):>11}  {100 * n / total:3.0f}%"
+                )
+    if d.oom is not None:
+        lines.append(
+            f"out of memory asking for {format_bytes(d.oom.requested_bytes)}: "
+            f"{d.oom.dominant.replace('_', ' ')} dominated what was live; try {d.oom.advice}"
+        )
+    alive = [t for t in d.tensors if t.alive]
+    if alive:
+        lines.append("tensors the cell left alive:")
+        for t in alive:
+            shape = "x".join(map(str, t.shape)) if t.shape is not None else "?"
+            lines.append(
+                f"  {t.name or '(unnamed)':<28} {shape:>16} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
+            )
+    freed = [t for t in d.tensors if not t.alive]
+    if freed:
+        biggest = freed[0]
+        lines.append(
+            f"largest freed: {format_bytes(biggest.nbytes)} from {biggest.line or 'an unknown line'}"
+        )
+    return lines
 
 
 def render_html(r: Report) -> str:
@@ -200,9 +273,21 @@ def render_html(r: Report) -> str:
         parts.append(
             f"<p>Budget {esc(format_bytes(r.budget_bytes))}: peak is {verdict} budget.</p>"
         )
+    if r.main is not None and (details := _detail_lines(r.main)):
+        parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
+    if r.timeline is not None:
+        parts.append(_timeline_svg(r.timeline))
     parts.extend(
         f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in r.warnings
     )
     parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
     parts.append("</div>")
     return "".join(parts)
+
+
+def _timeline_svg(timeline: Timeline) -> str:
+    try:
+        from jupyter_gpumem.widgets.charts import timeline_svg
+    except ImportError:
+        return ""
+    return timeline_svg(timeline)

@@ -6,7 +6,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 
+from jupyter_gpumem.analysis.attribution import attribute
 from jupyter_gpumem.analysis.peaks import device_peaks
+from jupyter_gpumem.analysis.replay import ALLOCATED, Live
 from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.tracking.cell import CellRecording
 from jupyter_gpumem.tracking.cuda import DeviceRecording
@@ -21,6 +23,8 @@ def build_report(
     budget_bytes: int | None = None,
     all_devices: bool = False,
     process_bytes: Mapping[int, int | None] | None = None,
+    cell_filename: str | None = None,
+    top: int = 10,
 ) -> Report:
     """The report of one cell. ``process_bytes`` maps device index to NVML's figure for this process."""
     notes = list(rec.notes)
@@ -34,6 +38,20 @@ def build_report(
         if peaks.note:
             notes.append(f"cuda:{index}: {peaks.note}")
         nvml = (process_bytes or {}).get(index)
+        found = None
+        if peaks.replay is not None:
+            found = attribute(
+                peaks.replay,
+                drec.events,
+                _start_blocks(drec),
+                tags=rec.tags,
+                marks=rec.marks,
+                named=rec.named,
+                device=f"cuda:{index}",
+                started_at_us=int(rec.started_at * 1e6),
+                cell_filename=cell_filename,
+                top=top,
+            )
         devices.append(
             DeviceReport(
                 device=f"cuda:{index}",
@@ -50,6 +68,12 @@ def build_report(
                 nvml_process_bytes=nvml,
                 non_torch_bytes=None if nvml is None else max(0, nvml - drec.reserved_after),
                 source=peaks.source,
+                breakdown=found.breakdown if found and rec.tags else None,
+                peak_phase=found.peak_phase if found else None,
+                peak_step=found.peak_step if found else None,
+                timeline=found.timeline if found else None,
+                tensors=found.tensors if found else (),
+                oom=found.oom if found else None,
             )
         )
     if not rec.cuda_available:
@@ -82,6 +106,15 @@ def build_report(
         )
         report = _with_warning(report, message)
     return report
+
+
+def _start_blocks(drec: DeviceRecording) -> tuple[Live, ...]:
+    return tuple(
+        Live(b.address, b.size, b.size, -1)
+        for seg in drec.segments_before
+        for b in seg.blocks
+        if b.state == ALLOCATED
+    )
 
 
 def _touched(devices: Mapping[int, DeviceRecording]) -> dict[int, DeviceRecording]:

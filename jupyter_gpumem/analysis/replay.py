@@ -292,3 +292,71 @@ def _live_after(
     for i in range(last + 1):
         _apply(model, events[i], i)
     return model.live()
+
+
+def replay_exact(events: Sequence[TraceEvent], *, allocated_start: int = 0) -> Replay:
+    """Replay events whose sizes are already exact, such as the CPU dispatch recorder's.
+
+    No segments and no rounding: every alloc is its own block of ``size`` bytes,
+    so reserved equals allocated. Allocated drops at ``free_requested`` as in
+    :func:`replay`. A free of an address that is not live (allocated before the
+    interval, or a broken trace) subtracts the event's size and marks the replay
+    inexact; so does a second alloc at a live address.
+    """
+    live: dict[int, Live] = {}
+    pending: set[int] = set()
+    allocated = allocated_start
+    reason: str | None = None
+    peak, peak_index = allocated, -1
+    series: list[int] = []
+    oom_index: int | None = None
+    live_at_oom: tuple[Live, ...] = ()
+    for i, ev in enumerate(events):
+        if ev.action == "alloc":
+            if ev.address in live:
+                reason = reason or f"alloc at {ev.address:#x}, which is already live"
+            live[ev.address] = Live(ev.address, ev.size, ev.size, i)
+            allocated += ev.size
+        elif ev.action == "free_requested":
+            block = live.pop(ev.address, None)
+            if block is None:
+                reason = reason or f"free of {ev.address:#x}, which is not live"
+            allocated -= ev.size if block is None else block.size
+            pending.add(ev.address)
+        elif ev.action == "free_completed":
+            if ev.address not in pending:
+                reason = reason or f"free completed at {ev.address:#x} without a pending free"
+            pending.discard(ev.address)
+        elif ev.action == "oom" and oom_index is None:
+            oom_index, live_at_oom = i, tuple(live.values())
+        series.append(allocated)
+        if allocated > peak:
+            peak, peak_index = allocated, i
+    live_at_peak = _exact_live_after(events, peak_index) if peak_index >= 0 else ()
+    return Replay(
+        exact=reason is None,
+        reason=reason,
+        allocated_start=allocated_start,
+        allocated_end=allocated,
+        reserved_start=allocated_start,
+        reserved_end=allocated,
+        peak_allocated=peak,
+        peak_reserved=peak,
+        peak_index=peak_index,
+        live_at_peak=live_at_peak,
+        allocated_series=tuple(series),
+        reserved_series=tuple(series),
+        oom_index=oom_index,
+        live_at_oom=live_at_oom,
+    )
+
+
+def _exact_live_after(events: Sequence[TraceEvent], last: int) -> tuple[Live, ...]:
+    live: dict[int, Live] = {}
+    for i in range(last + 1):
+        ev = events[i]
+        if ev.action == "alloc":
+            live[ev.address] = Live(ev.address, ev.size, ev.size, i)
+        elif ev.action == "free_requested":
+            live.pop(ev.address, None)
+    return tuple(live.values())

@@ -26,5 +26,7 @@ def process_bytes(pid: int | None = None) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for device in sample.devices:
         mine = [p.memory_bytes for p in device.processes if p.pid == pid]
-        out[device.index] = sum(m for m in mine if m is not None) if mine and None not in mine else None
+        out[device.index] = (
+            sum(m for m in mine if m is not None) if mine and None not in mine else None
+        )
     return out

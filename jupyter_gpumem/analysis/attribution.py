@@ -1,0 +1,117 @@
+"""Everything a replay can say about one device: breakdown, phase, timeline, tensors, OOM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jupyter_gpumem.analysis.breakdown import TensorRecord, categorize, peak_phase, tensor_records
+from jupyter_gpumem.analysis.replay import Live, Replay, TraceEvent
+from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
+from jupyter_gpumem.tracking.namespace import NamedStorage
+from jupyter_gpumem.tracking.tags import PhaseMark, Tag
+
+ADVICE = {
+    "activations": "activation checkpointing of the model's blocks (or a smaller batch, or bf16 autocast)",
+    "optimizer_state": "a lighter optimizer: SGD with momentum (4 B/param), Adafactor, or 8-bit AdamW",
+    "parameters": "keeping the weights in bf16 (pure bf16) or offloading part of the model",
+    "gradients": "bf16 gradients, or fusing the optimizer step into backward",
+    "inputs": "a smaller batch or sequence length",
+    "temporary": "a smaller batch, or chunking the largest operation",
+    "other": "deleting tensors you no longer need (`del x`, `%gpumem free`)",
+    "unattributed": "torch.cuda.empty_cache() and checking libraries that keep workspaces",
+}
+
+
+@dataclass(frozen=True)
+class OomInfo:
+    """What was live when the allocator ran out of memory, and what would help most."""
+
+    requested_bytes: int
+    breakdown: dict[str, int]
+    dominant: str
+    advice: str
+    largest: tuple[TensorRecord, ...]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Where one device's peak came from."""
+
+    breakdown: dict[str, int]
+    peak_phase: str | None
+    peak_step: int | None
+    timeline: Timeline
+    tensors: tuple[TensorRecord, ...]
+    oom: OomInfo | None
+
+
+def attribute(
+    replay: Replay,
+    events: Sequence[TraceEvent],
+    start_blocks: Sequence[Live],
+    *,
+    tags: Sequence[Tag],
+    marks: Sequence[PhaseMark],
+    named: Mapping[int, NamedStorage],
+    device: str,
+    started_at_us: int,
+    cell_filename: str | None,
+    top: int = 10,
+) -> Attribution:
+    """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM."""
+    on_device = {a: n for a, n in named.items() if n.device == device}
+    breakdown = categorize(replay.live_at_peak, events, tags, start_blocks, on_device)
+    peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
+    phase, step = peak_phase(marks, peak_us)
+    oom = None
+    if replay.oom_index is not None:
+        at_oom = categorize(replay.live_at_oom, events, tags, start_blocks, on_device)
+        dominant = max(at_oom, key=at_oom.__getitem__)
+        largest = tensor_records(
+            events[: replay.oom_index], on_device, device=device, cell_filename=cell_filename, top=5
+        )
+        oom = OomInfo(
+            requested_bytes=events[replay.oom_index].size,
+            breakdown=at_oom,
+            dominant=dominant,
+            advice=ADVICE[dominant],
+            largest=tuple(r for r in largest if r.alive),
+        )
+    return Attribution(
+        breakdown=breakdown,
+        peak_phase=phase,
+        peak_step=step,
+        timeline=timeline(replay, events, marks, started_at_us),
+        tensors=tensor_records(
+            events, on_device, device=device, cell_filename=cell_filename, top=top
+        ),
+        oom=oom,
+    )
+
+
+def timeline(
+    replay: Replay, events: Sequence[TraceEvent], marks: Sequence[PhaseMark], started_at_us: int
+) -> Timeline:
+    """Allocated and reserved over the cell, against seconds since it started."""
+    t0 = started_at_us
+    t = [0.0] + [max(0.0, (e.time_us - t0) / 1e6) for e in events]
+    allocated = [replay.allocated_start, *replay.allocated_series]
+    reserved = [replay.reserved_start, *replay.reserved_series]
+    ts, al, re = downsample(t, allocated, reserved)
+    end_s = t[-1]
+    bands = []
+    for i, mark in enumerate(marks):
+        if mark.phase == "other":
+            continue
+        stop = marks[i + 1].time_us if i + 1 < len(marks) else t0 + int(end_s * 1e6)
+        bands.append(
+            PhaseBand(
+                max(0.0, (mark.time_us - t0) / 1e6),
+                max(0.0, (stop - t0) / 1e6),
+                mark.phase,
+                mark.step,
+            )
+        )
+    peak_t = t[replay.peak_index + 1] if replay.peak_index >= 0 else 0.0
+    return Timeline(ts, al, re, tuple(bands), peak_t, replay.peak_allocated)

@@ -1,0 +1,175 @@
+"""What the peak was made of, when it happened, and which tensors the cell left behind.
+
+Pure: takes the replay, the tags and phase marks recorded by the hooks, and the
+storages named in the user's namespace, and returns plain records.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jupyter_gpumem.analysis.replay import Live, TraceEvent
+from jupyter_gpumem.tracking.namespace import NamedStorage
+from jupyter_gpumem.tracking.tags import PhaseMark, Tag
+
+CATEGORIES = (
+    "parameters", "gradients", "optimizer_state", "activations", "inputs", "other", "temporary", "unattributed",
+)  # fmt: skip
+# When a storage carries several tags, the most specific wins.
+_PRIORITY = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "inputs": 3, "activations": 4}
+CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """A tensor the cell left alive, or one of the largest it freed."""
+
+    name: str | None
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    nbytes: int
+    device: str
+    line: str | None  # "cell line 3" or "file.py:42"
+    alive: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.__dict__, "shape": list(self.shape) if self.shape is not None else None}
+
+
+def categorize(
+    blocks: Sequence[Live],
+    events: Sequence[TraceEvent],
+    tags: Sequence[Tag],
+    start_blocks: Sequence[Live],
+    named: Mapping[int, NamedStorage],
+) -> dict[str, int]:
+    """Bytes per category for ``blocks``; the values sum to the blocks' total, exactly."""
+    by_address: dict[int, list[Tag]] = {}
+    for tag in tags:
+        by_address.setdefault(tag.address, []).append(tag)
+    allocs_at = _alloc_times(events)
+    freed = freed_in_cell(events, start_blocks)
+    out = dict.fromkeys(CATEGORIES, 0)
+    for block in blocks:
+        out[_category(block, events, by_address, allocs_at, freed, named)] += block.size
+    return out
+
+
+def _category(
+    block: Live,
+    events: Sequence[TraceEvent],
+    by_address: Mapping[int, list[Tag]],
+    allocs_at: Mapping[int, list[int]],
+    freed: set[tuple[int, int]],
+    named: Mapping[int, NamedStorage],
+) -> str:
+    born = events[block.event_index].time_us if block.event_index >= 0 else None
+    reborn = allocs_at.get(block.address, ())
+    valid = []
+    for tag in by_address.get(block.address, ()):
+        if born is not None and tag.time_us + CLOCK_SLACK_US < born:
+            continue  # a tag of an earlier storage at the same address
+        if any((born is None or t > born) and t <= tag.time_us - CLOCK_SLACK_US for t in reborn):
+            continue  # a tag of a later storage at the same address
+        valid.append(tag.category)
+    if valid:
+        return min(valid, key=_PRIORITY.__getitem__)
+    if (block.address, block.event_index) in freed:
+        return "temporary"
+    hit = named.get(block.address)
+    if hit is not None:
+        return hit.category or "other"
+    return "unattributed"
+
+
+def freed_in_cell(
+    events: Sequence[TraceEvent], start_blocks: Sequence[Live]
+) -> set[tuple[int, int]]:
+    """(address, alloc event index) of every block freed during the cell; -1 for older blocks."""
+    current = {b.address: -1 for b in start_blocks}
+    freed: set[tuple[int, int]] = set()
+    for i, ev in enumerate(events):
+        if ev.action == "alloc":
+            current[ev.address] = i
+        elif ev.action == "free_requested" and ev.address in current:
+            freed.add((ev.address, current.pop(ev.address)))
+    return freed
+
+
+def _alloc_times(events: Sequence[TraceEvent]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for ev in events:
+        if ev.action == "alloc":
+            out.setdefault(ev.address, []).append(ev.time_us)
+    return out
+
+
+def peak_phase(
+    marks: Sequence[PhaseMark], peak_time_us: int | None
+) -> tuple[str | None, int | None]:
+    """The phase and loop step the cell was in at the peak; (None, None) without marks."""
+    if not marks or peak_time_us is None:
+        return None, None
+    times = [m.time_us for m in marks]
+    i = bisect.bisect_right(times, peak_time_us) - 1
+    if i < 0:
+        return "other", marks[0].step
+    return marks[i].phase, marks[i].step
+
+
+def tensor_records(
+    events: Sequence[TraceEvent],
+    named: Mapping[int, NamedStorage],
+    *,
+    device: str,
+    cell_filename: str | None,
+    top: int,
+) -> tuple[TensorRecord, ...]:
+    """Storages the cell allocated and left alive (named where possible), then the largest it freed."""
+    born: dict[int, TraceEvent] = {}
+    freed: list[TraceEvent] = []
+    for ev in events:
+        if ev.action == "alloc":
+            born[ev.address] = ev
+        elif ev.action == "free_requested" and ev.address in born:
+            freed.append(born.pop(ev.address))
+    alive = []
+    for address, ev in born.items():
+        n = named.get(address)
+        alive.append(
+            TensorRecord(
+                name=n.name if n else None,
+                shape=n.shape if n else None,
+                dtype=n.dtype if n else None,
+                nbytes=n.nbytes if n else ev.size,
+                device=device,
+                line=source_line(ev, cell_filename),
+                alive=True,
+            )
+        )
+    alive.sort(key=lambda r: (r.name is None, -r.nbytes))
+    gone = [
+        TensorRecord(None, None, None, ev.size, device, source_line(ev, cell_filename), alive=False)
+        for ev in sorted(freed, key=lambda e: -e.size)[:top]
+    ]
+    return tuple(alive[:top]) + tuple(gone)
+
+
+def source_line(ev: TraceEvent, cell_filename: str | None) -> str | None:
+    """The cell line, else the innermost frame outside torch, that made this allocation."""
+    fallback = None
+    for frame in ev.frames:
+        filename = str(frame.get("filename", ""))
+        line = frame.get("line")
+        if cell_filename and filename == cell_filename:
+            return f"cell line {line}"
+        if (
+            fallback is None
+            and "/torch/" not in filename
+            and "jupyter_gpumem" not in filename
+            and filename
+        ):
+            fallback = f"{filename}:{line}"
+    return fallback

@@ -1,0 +1,143 @@
+"""Leak hints: memory that outlives a cell for a reason the user can fix.
+
+Pure functions over measured byte counts; the measuring (IPython state, tensors,
+the garbage collector) lives in `jupyter_gpumem.leaks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from statistics import median
+from typing import Any
+
+from jupyter_gpumem.units import format_bytes
+
+KINDS = ("output-cache", "traceback", "autograd-graph", "cycles", "growth")
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class LeakHint:
+    """Memory held for a fixable reason: what, how much, and what to do about it."""
+
+    kind: str  # one of KINDS
+    bytes: int  # bytes held; for "growth", the typical growth per run
+    message: str
+    fix: str
+    where: tuple[str, ...] = ()  # the holders, e.g. ("Out[3]", "_") or variable names
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["where"] = list(self.where)
+        return out
+
+
+def _names(where: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(where[:limit])
+    return shown + (f" and {len(where) - limit} more" if len(where) > limit else "")
+
+
+def output_cache_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
+    """Tensors kept alive only by IPython's output history (``Out``, ``_``, ``_N``)."""
+    if nbytes <= 0:
+        return None
+    return LeakHint(
+        "output-cache",
+        nbytes,
+        f"IPython's output cache holds {format_bytes(nbytes)} of tensors "
+        f"that nothing else references ({_names(where)}).",
+        "Run `%gpumem free`, or end cells that return a tensor with `;` so it is not cached.",
+        tuple(where),
+    )
+
+
+def traceback_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
+    """Tensors kept alive by the frames of the last exception's traceback."""
+    if nbytes <= 0:
+        return None
+    return LeakHint(
+        "traceback",
+        nbytes,
+        f"The last error's traceback keeps {format_bytes(nbytes)} of tensors alive "
+        f"in the locals of {_names(where)}.",
+        "Run `%gpumem free` (it clears the stored traceback); `%debug` will then be unavailable.",
+        tuple(where),
+    )
+
+
+def graph_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
+    """Saved-for-backward tensors of an autograd graph kept alive by stored outputs."""
+    if nbytes <= 0:
+        return None
+    plural = "keep their" if len(where) > 1 else "keeps its"
+    return LeakHint(
+        "autograd-graph",
+        nbytes,
+        f"{_names(where)} {plural} autograd graph alive: about {format_bytes(nbytes)} of "
+        "tensors saved for backward.",
+        "Store `loss.item()` or `loss.detach()` instead (e.g. when logging losses), "
+        "or `del` the variable once backward() is done.",
+        tuple(where),
+    )
+
+
+def cycles_hint(nbytes: int, objects: int) -> LeakHint | None:
+    """Tensors reachable only from reference cycles, waiting for the garbage collector."""
+    if nbytes <= 0:
+        return None
+    return LeakHint(
+        "cycles",
+        nbytes,
+        f"{format_bytes(nbytes)} of tensors are unreachable but held by reference cycles "
+        f"({objects} objects); they are freed only when the garbage collector runs.",
+        "Run `import gc; gc.collect()` (or `%gpumem free`); break the cycle, e.g. a module or "
+        "closure that refers back to its owner, so memory is freed at once.",
+        (),
+    )
+
+
+def growth_hint(
+    after_bytes: Sequence[int],
+    *,
+    label: str = "this cell",
+    min_runs: int = 3,
+    min_growth_bytes: int = MiB,
+    tolerance: float = 0.25,
+) -> LeakHint | None:
+    """A hint when memory grows by a similar amount on each re-run of one cell.
+
+    ``after_bytes`` are the allocated-after bytes (or peaks) of consecutive runs of the
+    same cell, oldest first. Each of the last ``min_runs`` runs (or more) must grow by at
+    least ``min_growth_bytes``, within ``tolerance`` of the median growth of those runs.
+    """
+    if min_runs < 2:
+        raise ValueError(f"min_runs must be at least 2, got {min_runs}")
+    if len(after_bytes) < min_runs:
+        return None
+    steps: list[int] = []
+    for before, after in zip(after_bytes[-2::-1], after_bytes[::-1], strict=False):
+        step = after - before
+        if step < min_growth_bytes:
+            break
+        steps.append(step)
+    if len(steps) < min_runs - 1:
+        return None
+    typical = int(median(steps))
+    similar = 0
+    while similar < len(steps) and abs(steps[similar] - typical) <= tolerance * typical:
+        similar += 1
+    if similar < min_runs - 1:
+        return None
+    steps = steps[:similar]
+    total = sum(steps)
+    return LeakHint(
+        "growth",
+        typical,
+        f"{label} grows by {format_bytes(typical)} per run "
+        f"({format_bytes(total, signed=True)} over the last {len(steps) + 1} runs).",
+        "Something the cell creates outlives it: a list or dict it appends to, or a stored "
+        "tensor with its graph. Append `.item()`/`.detach()` values, or reset the container "
+        "at the top of the cell.",
+        (label,),
+    )

@@ -1,0 +1,139 @@
+"""Find models, optimizers and tensors in the user's namespace, and name their storages.
+
+Nothing here registers anything: the user's namespace is read as it is, one level
+into containers, so `model.fc.weight.grad` and `logits` get names without the user
+telling us about them. Objects passed to :func:`jupyter_gpumem.track` are read too.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_CONTAINER_ITEMS = 256
+
+_TRACKED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True)
+class NamedStorage:
+    """A tensor storage reachable from the user's namespace."""
+
+    address: int
+    nbytes: int
+    name: str
+    category: str | None  # parameters, gradients, optimizer_state, or None for plain tensors
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def track(obj: Any, name: str | None = None) -> Any:
+    """Make ``obj`` (a module, optimizer or tensor not in the namespace) known to `%%gpumem`."""
+    label = name or f"tracked[{len(_TRACKED)}]"
+    try:
+        _TRACKED[label] = obj
+    except TypeError as exc:
+        raise TypeError(
+            f"track() needs an object that supports weak references, got {type(obj).__name__}"
+        ) from exc
+    return obj
+
+
+def roots(user_ns: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Top-level user variables, then tracked objects."""
+    for key, value in list(user_ns.items()):
+        if key.startswith("_") or key in ("In", "Out", "exit", "quit", "get_ipython"):
+            continue
+        yield key, value
+    yield from list(_TRACKED.items())
+
+
+def modules_and_optimizers(
+    user_ns: Mapping[str, Any],
+) -> tuple[dict[int, tuple[str, Any]], dict[int, tuple[str, Any]]]:
+    """Modules and optimizers by id(), with the name they are reachable under."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}, {}
+    modules: dict[int, tuple[str, Any]] = {}
+    optimizers: dict[int, tuple[str, Any]] = {}
+    for name, value in roots(user_ns):
+        if isinstance(value, torch.nn.Module):
+            modules.setdefault(id(value), (name, value))
+        elif isinstance(value, torch.optim.Optimizer):
+            optimizers.setdefault(id(value), (name, value))
+    return modules, optimizers
+
+
+def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
+    """Every tensor storage reachable from the namespace, by storage address; first name wins."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    out: dict[int, NamedStorage] = {}
+    modules, optimizers = modules_and_optimizers(user_ns)
+    param_names: dict[int, str] = {}
+
+    def add(t: Any, name: str, category: str | None) -> None:
+        if not isinstance(t, torch.Tensor) or t.is_meta or getattr(t, "is_sparse", False):
+            return
+        try:
+            storage = t.untyped_storage()
+            address = storage.data_ptr()
+        except (
+            RuntimeError,
+            NotImplementedError,
+        ):  # tensors without storage (e.g. functional wrappers)
+            return
+        if address and address not in out:
+            out[address] = NamedStorage(
+                address,
+                storage.nbytes(),
+                name,
+                category,
+                tuple(t.shape),
+                str(t.dtype).removeprefix("torch."),
+                str(t.device),
+            )
+
+    for mod_name, module in modules.values():
+        for pname, p in module.named_parameters():
+            param_names[id(p)] = f"{mod_name}.{pname}"
+            add(p, f"{mod_name}.{pname}", "parameters")
+            if p.grad is not None:
+                add(p.grad, f"{mod_name}.{pname}.grad", "gradients")
+        for bname, b in module.named_buffers():
+            add(b, f"{mod_name}.{bname}", "parameters")
+    for opt_name, opt in optimizers.values():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                pname = param_names.get(id(p), f"{opt_name}.param_groups[..]")
+                if p.grad is not None:
+                    add(p.grad, f"{pname}.grad", "gradients")
+                for key, value in opt.state.get(p, {}).items():
+                    add(value, f"{opt_name}.state[{pname}][{key!r}]", "optimizer_state")
+    for name, value in roots(user_ns):
+        for path, t in _tensors_in(value, name, torch):
+            add(t, path, None)
+    return out
+
+
+def _tensors_in(value: Any, name: str, torch: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, torch.Tensor):
+        yield name, value
+        if value.grad is not None:
+            yield f"{name}.grad", value.grad
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):
+            if isinstance(item, torch.Tensor):
+                yield f"{name}[{i}]", item
+    elif isinstance(value, dict):
+        for i, (key, item) in enumerate(value.items()):
+            if i >= MAX_CONTAINER_ITEMS:
+                break
+            if isinstance(item, torch.Tensor):
+                yield f"{name}[{key!r}]", item

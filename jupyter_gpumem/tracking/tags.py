@@ -1,0 +1,169 @@
+"""Tags that say what an allocation is, and phase marks, recorded while a cell runs.
+
+Hooks are installed at the start of the cell and removed at its end, whatever
+happens in between:
+- global module forward hooks: inputs of the root module, parameters of modules
+  that appear during the cell, and the forward phase;
+- ``saved_tensors_hooks``: activations saved for backward, and the backward phase;
+- post-accumulate-grad hooks on the parameters of discovered modules: gradients;
+- global optimizer step hooks: optimizer state, and the optimizer phase.
+
+Known limitations:
+- Tags are keyed by storage address and time; a storage created outside these
+  hooks (e.g. a cache kept by a library) stays untagged.
+- Activations saved by custom autograd Functions that bypass ``save_for_backward``
+  are not seen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpumem.tracking.namespace import modules_and_optimizers, named_storages
+
+
+@dataclass(frozen=True)
+class Tag:
+    """``address`` held a storage of ``category`` at ``time_us`` (unix microseconds)."""
+
+    address: int
+    category: str  # parameters, gradients, optimizer_state, activations, inputs
+    time_us: int
+
+
+@dataclass(frozen=True)
+class PhaseMark:
+    """From ``time_us`` on, the cell was in ``phase`` of loop iteration ``step``."""
+
+    time_us: int
+    phase: str  # forward, backward, optimizer, other
+    step: int
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Tagger:
+    """Collects tags and phase marks for one cell; ``start()`` then ``stop()``."""
+
+    def __init__(self, torch: Any, user_ns: Mapping[str, Any]) -> None:
+        self.torch = torch
+        self.user_ns = user_ns
+        self.tags: list[Tag] = []
+        self.marks: list[PhaseMark] = []
+        self._handles: list[Any] = []
+        self._saved_hooks: Any = None
+        self._depth = 0
+        self._step = 0
+        self._phase = "other"
+        self._grad_hooked: set[int] = set()
+        self._seen_modules: set[int] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        now = _now_us()
+        for named in named_storages(self.user_ns).values():
+            if named.category is not None:
+                self.tags.append(Tag(named.address, named.category, now))
+        modules, _ = modules_and_optimizers(self.user_ns)
+        for _, module in modules.values():
+            self._adopt(module)
+        torch = self.torch
+        hooks = torch.nn.modules.module
+        self._handles.append(hooks.register_module_forward_pre_hook(self._forward_pre))
+        self._handles.append(
+            hooks.register_module_forward_hook(self._forward_post, always_call=True)
+        )
+        optim = importlib.import_module("torch.optim.optimizer")
+        self._handles.append(optim.register_optimizer_step_pre_hook(self._step_pre))
+        self._handles.append(optim.register_optimizer_step_post_hook(self._step_post))
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+        self._mark("other")
+
+    def stop(self) -> tuple[tuple[Tag, ...], tuple[PhaseMark, ...]]:
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return tuple(self.tags), tuple(self.marks)
+
+    # -- hooks -------------------------------------------------------------------------
+    def _forward_pre(self, module: Any, args: tuple[Any, ...]) -> None:
+        if id(module) not in self._seen_modules:
+            self._adopt(module)
+        if self._depth == 0:
+            self._mark("forward")
+            now = _now_us()
+            for value in args:
+                self._tag(value, "inputs", now)
+        self._depth += 1
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._mark("other")
+
+    def _pack(self, t: Any) -> Any:
+        if self._depth > 0 or self._phase == "forward":
+            self._tag(t, "activations", _now_us())
+        return t
+
+    def _unpack(self, t: Any) -> Any:
+        if self._phase != "backward" and self._depth == 0:
+            self._mark("backward")
+        return t
+
+    def _grad_done(self, p: Any) -> None:
+        if self._phase != "backward" and self._depth == 0:
+            self._mark("backward")
+        if p.grad is not None:
+            self._tag(p.grad, "gradients", _now_us())
+
+    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._mark("optimizer")
+
+    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = _now_us()
+        for state in optimizer.state.values():
+            for value in state.values():
+                self._tag(value, "optimizer_state", now)
+        self._step += 1
+        self._mark("other")
+
+    # -- helpers -----------------------------------------------------------------------
+    def _adopt(self, module: Any) -> None:
+        """Tag a module's parameters and buffers, and watch its gradients."""
+        self._seen_modules.add(id(module))
+        now = _now_us()
+        for p in module.parameters(recurse=False):
+            self._tag(p, "parameters", now)
+            if p.requires_grad and id(p) not in self._grad_hooked:
+                self._grad_hooked.add(id(p))
+                self._handles.append(p.register_post_accumulate_grad_hook(self._grad_done))
+        for b in module.buffers(recurse=False):
+            self._tag(b, "parameters", now)
+        for child in module.children():
+            if id(child) not in self._seen_modules:
+                self._adopt(child)
+
+    def _tag(self, value: Any, category: str, now: int) -> None:
+        if not isinstance(value, self.torch.Tensor):
+            return
+        try:
+            address = value.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return
+        if address:
+            self.tags.append(Tag(address, category, now))
+
+    def _mark(self, phase: str) -> None:
+        self._phase = phase
+        self.marks.append(PhaseMark(_now_us(), phase, self._step))
