@@ -11,26 +11,45 @@ serves both; replay them with :func:`~jupyter_gpumem.analysis.replay.replay_exac
 
 Storages alive at ``start()`` are invisible to a dispatch mode, so the recorder
 starts from an empty set: the cell's accounting starts at ``allocated_start=0``
-and the events cover only storages the cell created (and freed).
+and the events cover only storages the cell created (and freed). An op output
+that shares a storage with one of the op's inputs (a view, an in-place or
+``out=`` result) is never a new allocation; one the recorder knows whose size or
+address changed (``out=``, ``resize_``) is a free and an alloc. ``frames`` are
+the innermost user frames of the allocation (notebook cells and the user's own
+files; torch, this package, the stdlib and installed libraries are skipped);
+frees carry none, as in the CUDA trace recorded with ``context="alloc"``.
 
 Importing this module does not import torch; ``start()`` does.
 
+Cost: about 8 us per allocating op and 2 us per other op, on top of the 4-5 us
+any Python dispatch mode costs (a 3-layer MLP with Adam on one CPU thread:
++40% step time at width 512, +200% at width 64, where ops are tiny).
+
 Known limitations:
 - Memory that no op allocates is not seen: storages shared with numpy
-  (``torch.from_numpy``, ``torch.as_tensor``, ``torch.frombuffer``), shared-memory
-  storages from DataLoader workers, ``UntypedStorage.resize_`` called directly
-  (seen only when the storage is next an op's output).
-- Autograd's buffers are seen, because the engine makes them with ops; memory
-  inside kernels (oneDNN scratch, allocator caching of the CPU allocator) is not.
-- No caching and no rounding: sizes are exact storage bytes, reserved == allocated.
+  (``torch.from_numpy``, ``torch.as_tensor``, ``torch.frombuffer``; ``torch.tensor``
+  is seen, through ``lift_fresh``), shared-memory storages from DataLoader
+  workers, ``UntypedStorage.resize_`` called directly (seen only when the storage
+  is next an op's output), scratch memory that kernels allocate and free inside
+  one op.
+- Storages older than ``start()`` are not followed: a cell that deletes an old
+  tensor shows no drop. Frees after ``stop()`` are not reported.
+- Autograd's buffers (gradients, saved tensors) are seen: the engine makes them
+  with ops, and the engine's worker threads inherit the mode.
+- No caching and no rounding: sizes are exact storage bytes (a reduction's
+  0-d result may own a 512-byte buffer), reserved == allocated.
 - Dispatch modes live per thread: only the thread that called ``start()`` (and
-  autograd's workers, which inherit its modes) record allocations. Frees are
-  recorded on whatever thread drops the last reference. ``stop()`` must run on
-  the starting thread.
-- Tensor subclasses are given the op first (the mode returns ``NotImplemented``),
-  so their inner plain tensors are what is recorded. Storages without data
-  (meta, fake) get their ``StorageImpl`` address; only ``devices`` are recorded.
-- CUDA tensors are ignored: the CUDA allocator trace covers them.
+  autograd's workers) record allocations; other threads (DataLoader pin-memory,
+  the user's own) are not recorded and do not break. Frees are recorded on
+  whatever thread drops the last reference. ``stop()`` must run on the starting
+  thread; it removes only this mode, even if the cell left its own modes above.
+- Traceable wrapper subclasses (DTensor, TwoTensor) run first (the mode returns
+  ``NotImplemented``), so their inner plain tensors are what is recorded. Fake
+  tensors are recorded on their fake device with exact sizes; storages without
+  data (meta, fake) get their ``StorageImpl`` address. CUDA tensors are ignored:
+  the CUDA allocator trace covers them.
+- ``torch.compile``d code: buffers its generated kernels allocate without going
+  through Python dispatch (inductor's) may be missed; not measured.
 """
 
 from __future__ import annotations
@@ -38,12 +57,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from types import TracebackType
+from collections.abc import Mapping
+from types import FrameType, TracebackType
 from typing import Any
 
 from jupyter_gpumem.analysis.replay import TraceEvent
@@ -53,11 +72,20 @@ _MAX_WALK = 64  # frames walked to find max_frames user frames
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@dataclass(slots=True)
-class _Tracked:
+class _StorageRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a recorded storage, carrying what its free event needs."""
+
+    __slots__ = ("address", "key", "size")
+
     address: int
+    key: int
     size: int
-    ref: weakref.ref[Any]
+
+
+# Raw records kept while recording; expanded into TraceEvents when read.
+# (action, address, size, time_us, frames) with action "alloc" or "free".
+_Frame = tuple[str, int, str]  # filename, line, name
+_Raw = tuple[str, int, int, int, tuple[_Frame, ...]]
 
 
 class DispatchRecorder:
@@ -77,13 +105,16 @@ class DispatchRecorder:
         if max_frames < 0:
             raise ValueError(f"max_frames must be >= 0, got {max_frames}")
         self.devices = frozenset(devices)
+        self._cpu, self._meta = "cpu" in self.devices, "meta" in self.devices
         self.max_frames = max_frames
         self._lock = threading.RLock()  # frees arrive from any thread, and re-enter via GC
-        self._live: dict[int, _Tracked] = {}  # keyed by the StorageImpl address (_cdata)
-        self._events: list[TraceEvent] = []
+        self._live: dict[int, _StorageRef] = {}  # keyed by the StorageImpl address (_cdata)
+        self._raw: list[_Raw] = []
         self._mode: Any = None
         self._thread: int | None = None
         self._internal: dict[str, bool] = {}  # filename -> skipped in frames
+        self._tensor_type: type = object
+        self._on_free_cb = self._on_free  # one bound method shared by every weakref
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -92,15 +123,33 @@ class DispatchRecorder:
 
     @property
     def events(self) -> tuple[TraceEvent, ...]:
+        """The events so far, in the CUDA trace's form: a free is two events."""
         with self._lock:
-            return tuple(self._events)
+            raw = list(self._raw)
+        events: list[TraceEvent] = []
+        as_dicts: dict[tuple[_Frame, ...], tuple[dict[str, Any], ...]] = {}
+        for action, address, size, time_us, raw_frames in raw:
+            frames = as_dicts.get(raw_frames)
+            if frames is None:
+                frames = as_dicts[raw_frames] = tuple(
+                    {"filename": f, "line": line, "name": name} for f, line, name in raw_frames
+                )
+            if action == "alloc":
+                events.append(TraceEvent("alloc", address, size, time_us, frames))
+            else:
+                events.append(TraceEvent("free_requested", address, size, time_us, frames))
+                events.append(TraceEvent("free_completed", address, size, time_us, frames))
+        return tuple(events)
 
     def start(self) -> None:
         if self._mode is not None:
             raise RuntimeError("DispatchRecorder is already started; call stop() first")
+        import torch
+
         with self._lock:
             self._live.clear()
-            self._events.clear()
+            self._raw.clear()
+        self._tensor_type = torch.Tensor
         mode = _mode_class()(self)
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
@@ -114,7 +163,7 @@ class DispatchRecorder:
             raise RuntimeError("DispatchRecorder.stop() must run on the thread that started it")
         with self._lock:
             self._mode = None
-            self._live.clear()  # drops the weakrefs: later frees are no longer reported
+            self._live.clear()  # drops the weakrefs: later frees are not reported
         _exit_mode(mode)
         return self.events
 
@@ -135,18 +184,25 @@ class DispatchRecorder:
         self, out: Any, args: Any, kwargs: Mapping[str, Any] | None, *, lifted: bool
     ) -> None:
         """Called by the mode after each op with its outputs; ``lifted`` for ``lift_fresh``."""
+        tensor = self._tensor_type
+        if isinstance(out, tensor):
+            outputs: Any = (out,)
+        elif isinstance(out, (tuple, list)):
+            outputs = _flatten(out, tensor, [])
+        else:  # None, scalars, script objects
+            return
         inputs: set[int] | None = None
-        for t in _tensors(out):
-            if t.device.type not in self.devices:
+        for t in outputs:
+            if not ((self._cpu and t.is_cpu) or (self._meta and t.is_meta)):
                 continue
             try:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):  # storage-less subclasses
                 continue
             key = st._cdata
-            tracked = self._live.get(key)
-            if tracked is not None:
-                self._check_resized(tracked, st)
+            ref = self._live.get(key)
+            if ref is not None:
+                self._check_resized(ref, st)
                 continue
             if lifted:
                 # torch.tensor()/from_numpy() build the tensor outside dispatch and lift it;
@@ -155,61 +211,50 @@ class DispatchRecorder:
                     continue
             else:
                 if inputs is None:
-                    inputs = _storage_keys(args, kwargs)
+                    inputs = _storage_keys(_inputs(args, kwargs, tensor))
                 if key in inputs:  # a view or in-place result of a storage older than us
                     continue
             self._add(key, st)
 
     def _add(self, key: int, st: Any) -> None:
         size = st.nbytes()
-        address = st.data_ptr() or key
+        address = key if st.device.type == "meta" else st.data_ptr() or key
+        ref = _StorageRef(st, self._on_free_cb)
+        ref.key, ref.address, ref.size = key, address, size
         with self._lock:
             if self._mode is None:
                 return
-            ref = weakref.ref(st, functools.partial(self._on_free, key))
-            self._live[key] = _Tracked(address, size, ref)
+            self._live[key] = ref
             if size:
-                self._events.append(TraceEvent("alloc", address, size, _now(), self._frames()))
+                self._raw.append(("alloc", address, size, _now(), self._frames()))
 
-    def _check_resized(self, tracked: _Tracked, st: Any) -> None:
+    def _check_resized(self, ref: _StorageRef, st: Any) -> None:
         """An in-place or ``out=`` op may have reallocated a storage we know."""
         size = st.nbytes()
-        address = st.data_ptr() or st._cdata
-        if size == tracked.size and address == tracked.address:
+        address = ref.key if st.device.type == "meta" else st.data_ptr() or ref.key
+        if size == ref.size and address == ref.address:
             return
         with self._lock:
-            frames = self._frames()
             now = _now()
-            if tracked.size:
-                self._events.append(
-                    TraceEvent("free_requested", tracked.address, tracked.size, now, frames)
-                )
-                self._events.append(
-                    TraceEvent("free_completed", tracked.address, tracked.size, now, frames)
-                )
+            if ref.size:
+                self._raw.append(("free", ref.address, ref.size, now, ()))
             if size:
-                self._events.append(TraceEvent("alloc", address, size, now, frames))
-            tracked.address, tracked.size = address, size
+                self._raw.append(("alloc", address, size, now, self._frames()))
+            ref.address, ref.size = address, size
 
-    def _on_free(self, key: int, ref: weakref.ref[Any]) -> None:
+    def _on_free(self, ref: weakref.ref[Any]) -> None:
+        assert isinstance(ref, _StorageRef)
         with self._lock:
-            if self._mode is None:
+            if self._mode is None or self._live.get(ref.key) is not ref:
                 return
-            tracked = self._live.get(key)
-            if tracked is None or tracked.ref is not ref:
-                return
-            del self._live[key]
-            if tracked.size:
-                frames, now = self._frames(), _now()
-                for action in ("free_requested", "free_completed"):
-                    self._events.append(
-                        TraceEvent(action, tracked.address, tracked.size, now, frames)
-                    )
+            del self._live[ref.key]
+            if ref.size:  # no frames on frees, as in the CUDA trace with context="alloc"
+                self._raw.append(("free", ref.address, ref.size, _now(), ()))
 
-    def _frames(self) -> tuple[dict[str, Any], ...]:
-        """The innermost user frames, skipping torch's and this package's."""
-        out: list[dict[str, Any]] = []
-        frame = sys._getframe(1)
+    def _frames(self) -> tuple[_Frame, ...]:
+        """The innermost user frames: notebook cells and the user's own files."""
+        out: list[_Frame] = []
+        frame: FrameType | None = sys._getframe(1)
         internal = self._internal
         for _ in range(_MAX_WALK):
             if frame is None or len(out) >= self.max_frames:
@@ -219,9 +264,7 @@ class DispatchRecorder:
             if skip is None:
                 skip = internal[code.co_filename] = _is_internal(code.co_filename)
             if not skip:
-                out.append(
-                    {"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name}
-                )
+                out.append((code.co_filename, frame.f_lineno, code.co_name))
             frame = frame.f_back
         return tuple(out)
 
@@ -230,19 +273,32 @@ def _now() -> int:
     return time.time_ns() // 1000
 
 
-def _tensors(obj: Any) -> Iterator[Any]:
-    import torch
+def _flatten(obj: Any, tensor: type, into: list[Any]) -> list[Any]:
+    """Tensors in ``obj`` and its nested tuples, lists and dict values."""
+    if isinstance(obj, dict):
+        obj = obj.values()
+    for item in obj:
+        if isinstance(item, tensor):
+            into.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            _flatten(item, tensor, into)
+    return into
 
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _tensors(item)
+
+def _inputs(args: Any, kwargs: Mapping[str, Any] | None, tensor: type) -> list[Any]:
+    found = [a for a in args if isinstance(a, tensor)]
+    if len(found) < len(args):
+        for a in args:
+            if isinstance(a, (tuple, list)):
+                _flatten(a, tensor, found)
+    if kwargs:
+        _flatten(kwargs, tensor, found)
+    return found
 
 
-def _storage_keys(args: Any, kwargs: Mapping[str, Any] | None) -> set[int]:
+def _storage_keys(tensors: list[Any]) -> set[int]:
     keys: set[int] = set()
-    for t in _tensors((args, tuple(kwargs.values()) if kwargs else ())):
+    for t in tensors:
         try:
             keys.add(t.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):
@@ -251,15 +307,20 @@ def _storage_keys(args: Any, kwargs: Mapping[str, Any] | None) -> set[int]:
 
 
 @functools.cache
-def _torch_dir() -> str:
+def _internal_dirs() -> tuple[str, ...]:
+    """torch, this package, and installed libraries and the stdlib (IPython's frames too)."""
     import torch
 
-    return os.path.dirname(os.path.abspath(torch.__file__))
+    dirs = {os.path.dirname(os.path.abspath(torch.__file__)), _PACKAGE_DIR}
+    paths = sysconfig.get_paths()
+    dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
+    return tuple(os.path.abspath(d) + os.sep for d in dirs)
 
 
 def _is_internal(filename: str) -> bool:
-    path = os.path.abspath(filename) if os.path.isabs(filename) else filename
-    return path.startswith((_torch_dir() + os.sep, _PACKAGE_DIR + os.sep))
+    if filename.startswith("<frozen"):
+        return True
+    return os.path.isabs(filename) and os.path.abspath(filename).startswith(_internal_dirs())
 
 
 def _exit_mode(mode: Any) -> None:
@@ -284,9 +345,13 @@ def _exit_mode(mode: Any) -> None:
 def _mode_class() -> type:
     """The mode class, defined on first use so that importing this module needs no torch."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import (
+        TorchDispatchMode,
+        is_traceable_wrapper_subclass_type,
+    )
 
     lift_fresh = torch.ops.aten.lift_fresh.default
+    wrappers: dict[type, bool] = {}  # type -> is a traceable wrapper subclass
 
     class _RecordingMode(TorchDispatchMode):
         def __init__(self, recorder: DispatchRecorder) -> None:
@@ -300,9 +365,14 @@ def _mode_class() -> type:
             args: Any = (),
             kwargs: Mapping[str, Any] | None = None,
         ) -> Any:
-            if types:
-                # A subclass runs first and desugars into plain ops, which come back here.
-                return NotImplemented
+            for t in types:
+                wrapper = wrappers.get(t)
+                if wrapper is None:
+                    wrapper = wrappers[t] = is_traceable_wrapper_subclass_type(t)
+                if wrapper:
+                    # The subclass runs first and desugars into plain ops, which come back
+                    # here; other subclasses (FakeTensor) expect the mode to run the op.
+                    return NotImplemented
             out = func(*args, **(kwargs or {}))
             self.recorder._record(out, args, kwargs, lifted=func is lift_fresh)
             return out
