@@ -15,7 +15,7 @@ COLUMNS = (
     "id", "name", "execution_count", "started_at", "wall_s", "status", "source", "device",
     "peak_allocated_bytes", "peak_reserved_bytes", "allocated_before_bytes",
     "allocated_after_bytes", "allocated_delta_bytes", "cache_bytes", "nvml_process_bytes",
-    "non_torch_bytes", "budget_bytes",
+    "non_torch_bytes", "budget_bytes", "device_name", "peak_phase",
 )  # fmt: skip
 
 
@@ -46,8 +46,8 @@ def to_dataframe() -> pd.DataFrame:
         if not r.devices:
             rows.append({**base, "source": r.source})
         for d in r.devices:
-            numbers = {k: v for k, v in d.to_dict().items() if k in COLUMNS}
-            rows.append({**base, **numbers})
+            numbers = {k: getattr(d, k) for k in COLUMNS if k not in base and hasattr(d, k)}
+            rows.append({**base, **numbers, "device_name": d.name, "peak_phase": d.peak_phase})
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["started_at"] = pd.to_datetime(frame["started_at"], unit="s")
     return frame

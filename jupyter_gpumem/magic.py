@@ -139,6 +139,10 @@ class GpuMemMagics(Magics):
         shell = self.shell
         assert shell is not None
         filename, body, tail = self._compile(cell)
+        # Frames count lines of the compiled body; the editor shows the magic line and any
+        # leading blank lines that IPython strips before compiling.
+        lines = cell.split("\n")
+        offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
         tracker = CellTracker(
             CellOptions(
                 trace=opts.trace,
@@ -157,7 +161,7 @@ class GpuMemMagics(Magics):
             error = exc
             raise
         finally:
-            self._finish(tracker, opts, error, filename)
+            self._finish(tracker, opts, error, filename, offset)
 
     def _compile(self, cell: str) -> tuple[str, CodeType, CodeType | None]:
         """Compile the cell as IPython would; a final expression is compiled apart, to return its value."""
@@ -172,7 +176,12 @@ class GpuMemMagics(Magics):
         return filename, compile(tree, filename, "exec"), tail
 
     def _finish(
-        self, tracker: CellTracker, opts: Options, error: BaseException | None, filename: str
+        self,
+        tracker: CellTracker,
+        opts: Options,
+        error: BaseException | None,
+        filename: str,
+        line_offset: int,
     ) -> None:
         try:
             recording = tracker.stop(error)
@@ -184,7 +193,7 @@ class GpuMemMagics(Magics):
                 budget_bytes=opts.budget_bytes,
                 all_devices=opts.all_devices,
                 process_bytes=nvml,
-                cell_filename=filename,
+                cell=(filename, line_offset),
                 top=opts.top,
             )
         except Exception as exc:

@@ -56,7 +56,7 @@ def attribute(
     named: Mapping[int, NamedStorage],
     device: str,
     started_at_us: int,
-    cell_filename: str | None,
+    cell: tuple[str, int] | None,
     top: int = 10,
 ) -> Attribution:
     """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM."""
@@ -69,7 +69,7 @@ def attribute(
         at_oom = categorize(replay.live_at_oom, events, tags, start_blocks, on_device)
         dominant = max(at_oom, key=at_oom.__getitem__)
         largest = tensor_records(
-            events[: replay.oom_index], on_device, device=device, cell_filename=cell_filename, top=5
+            events[: replay.oom_index], on_device, device=device, cell=cell, top=5
         )
         oom = OomInfo(
             requested_bytes=events[replay.oom_index].size,
@@ -83,9 +83,7 @@ def attribute(
         peak_phase=phase,
         peak_step=step,
         timeline=timeline(replay, events, marks, started_at_us),
-        tensors=tensor_records(
-            events, on_device, device=device, cell_filename=cell_filename, top=top
-        ),
+        tensors=tensor_records(events, on_device, device=device, cell=cell, top=top),
         oom=oom,
     )
 

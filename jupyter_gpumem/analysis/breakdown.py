@@ -124,7 +124,7 @@ def tensor_records(
     named: Mapping[int, NamedStorage],
     *,
     device: str,
-    cell_filename: str | None,
+    cell: tuple[str, int] | None,
     top: int,
 ) -> tuple[TensorRecord, ...]:
     """Storages the cell allocated and left alive (named where possible), then the largest it freed."""
@@ -145,26 +145,26 @@ def tensor_records(
                 dtype=n.dtype if n else None,
                 nbytes=n.nbytes if n else ev.size,
                 device=device,
-                line=source_line(ev, cell_filename),
+                line=source_line(ev, cell),
                 alive=True,
             )
         )
     alive.sort(key=lambda r: (r.name is None, -r.nbytes))
     gone = [
-        TensorRecord(None, None, None, ev.size, device, source_line(ev, cell_filename), alive=False)
+        TensorRecord(None, None, None, ev.size, device, source_line(ev, cell), alive=False)
         for ev in sorted(freed, key=lambda e: -e.size)[:top]
     ]
     return tuple(alive[:top]) + tuple(gone)
 
 
-def source_line(ev: TraceEvent, cell_filename: str | None) -> str | None:
-    """The cell line, else the innermost frame outside torch, that made this allocation."""
+def source_line(ev: TraceEvent, cell: tuple[str, int] | None) -> str | None:
+    """The cell line (as the editor numbers it), else the innermost frame outside torch."""
     fallback = None
     for frame in ev.frames:
         filename = str(frame.get("filename", ""))
         line = frame.get("line")
-        if cell_filename and filename == cell_filename:
-            return f"cell line {line}"
+        if cell is not None and filename == cell[0] and isinstance(line, int):
+            return f"cell line {line + cell[1]}"
         if (
             fallback is None
             and "/torch/" not in filename

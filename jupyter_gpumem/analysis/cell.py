@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from jupyter_gpumem.analysis.attribution import attribute
 from jupyter_gpumem.analysis.peaks import device_peaks
-from jupyter_gpumem.analysis.replay import ALLOCATED, Live
+from jupyter_gpumem.analysis.replay import ALLOCATED, Live, replay_exact
 from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.tracking.cell import CellRecording
 from jupyter_gpumem.tracking.cuda import DeviceRecording
@@ -23,7 +23,7 @@ def build_report(
     budget_bytes: int | None = None,
     all_devices: bool = False,
     process_bytes: Mapping[int, int | None] | None = None,
-    cell_filename: str | None = None,
+    cell: tuple[str, int] | None = None,
     top: int = 10,
 ) -> Report:
     """The report of one cell. ``process_bytes`` maps device index to NVML's figure for this process."""
@@ -49,7 +49,7 @@ def build_report(
                 named=rec.named,
                 device=f"cuda:{index}",
                 started_at_us=int(rec.started_at * 1e6),
-                cell_filename=cell_filename,
+                cell=cell,
                 top=top,
             )
         devices.append(
@@ -76,6 +76,12 @@ def build_report(
                 oom=found.oom if found else None,
             )
         )
+    if rec.cpu_events is not None:
+        cpu, note = _cpu_device(rec, cell=cell, top=top)
+        devices.append(cpu)
+        sources.add(cpu.source)
+        if note:
+            notes.append(note)
     if not rec.cuda_available:
         notes.insert(0, NO_CUDA)
     status = "ok"
@@ -92,7 +98,7 @@ def build_report(
         status=status,
         error=error,
         cuda_available=rec.cuda_available,
-        source="counters" if "counters" in sources else "allocator-trace" if sources else "none",
+        source=_overall_source(sources),
         budget_bytes=budget_bytes,
         devices=tuple(devices),
         notes=tuple(notes),
@@ -108,6 +114,51 @@ def build_report(
     return report
 
 
+def _cpu_device(
+    rec: CellRecording, *, cell: tuple[str, int] | None, top: int
+) -> tuple[DeviceReport, str | None]:
+    """CPU tensor storages, from the dispatch source: the same analysis as a GPU, exact sizes."""
+    events = rec.cpu_events or ()
+    start = tuple(Live(a, n, n, -1) for a, n in rec.cpu_start)
+    replay = replay_exact(events, start=start)
+    found = attribute(
+        replay,
+        events,
+        start,
+        tags=rec.tags,
+        marks=rec.marks,
+        named=rec.named,
+        device="cpu",
+        started_at_us=int(rec.started_at * 1e6),
+        cell=cell,
+        top=top,
+    )
+    note = None if replay.exact else f"cpu: the tensor trace is incomplete ({replay.reason})"
+    report = DeviceReport(
+        device="cpu",
+        index=-1,
+        name="CPU tensors",
+        total_bytes=None,
+        allocated_before_bytes=replay.allocated_start,
+        allocated_after_bytes=replay.allocated_end,
+        allocated_delta_bytes=replay.allocated_end - replay.allocated_start,
+        peak_allocated_bytes=replay.peak_allocated,
+        peak_reserved_bytes=replay.peak_reserved,
+        reserved_after_bytes=replay.reserved_end,
+        cache_bytes=0,
+        nvml_process_bytes=None,
+        non_torch_bytes=None,
+        source="cpu-dispatch",
+        breakdown=found.breakdown,
+        peak_phase=found.peak_phase,
+        peak_step=found.peak_step,
+        timeline=found.timeline,
+        tensors=found.tensors,
+        oom=found.oom,
+    )
+    return report, note
+
+
 def _start_blocks(drec: DeviceRecording) -> tuple[Live, ...]:
     return tuple(
         Live(b.address, b.size, b.size, -1)
@@ -115,6 +166,13 @@ def _start_blocks(drec: DeviceRecording) -> tuple[Live, ...]:
         for b in seg.blocks
         if b.state == ALLOCATED
     )
+
+
+def _overall_source(sources: set[str]) -> str:
+    for source in ("counters", "allocator-trace", "cpu-dispatch"):
+        if source in sources:
+            return source
+    return "none"
 
 
 def _touched(devices: Mapping[int, DeviceRecording]) -> dict[int, DeviceRecording]:

@@ -294,17 +294,21 @@ def _live_after(
     return model.live()
 
 
-def replay_exact(events: Sequence[TraceEvent], *, allocated_start: int = 0) -> Replay:
+def replay_exact(
+    events: Sequence[TraceEvent], *, allocated_start: int = 0, start: Sequence[Live] = ()
+) -> Replay:
     """Replay events whose sizes are already exact, such as the CPU dispatch recorder's.
 
     No segments and no rounding: every alloc is its own block of ``size`` bytes,
     so reserved equals allocated. Allocated drops at ``free_requested`` as in
     :func:`replay`. A free of an address that is not live (allocated before the
     interval, or a broken trace) subtracts the event's size and marks the replay
-    inexact; so does a second alloc at a live address.
+    inexact; so does a second alloc at a live address. ``start`` holds blocks known
+    to be live before the interval; their bytes add to ``allocated_start``.
     """
-    live: dict[int, Live] = {}
+    live: dict[int, Live] = {b.address: b for b in start}
     pending: set[int] = set()
+    allocated_start += sum(b.size for b in start)
     allocated = allocated_start
     reason: str | None = None
     peak, peak_index = allocated, -1
@@ -332,7 +336,7 @@ def replay_exact(events: Sequence[TraceEvent], *, allocated_start: int = 0) -> R
         series.append(allocated)
         if allocated > peak:
             peak, peak_index = allocated, i
-    live_at_peak = _exact_live_after(events, peak_index) if peak_index >= 0 else ()
+    live_at_peak = _exact_live_after(events, peak_index, start) if peak_index >= 0 else tuple(start)
     return Replay(
         exact=reason is None,
         reason=reason,
@@ -351,8 +355,10 @@ def replay_exact(events: Sequence[TraceEvent], *, allocated_start: int = 0) -> R
     )
 
 
-def _exact_live_after(events: Sequence[TraceEvent], last: int) -> tuple[Live, ...]:
-    live: dict[int, Live] = {}
+def _exact_live_after(
+    events: Sequence[TraceEvent], last: int, start: Sequence[Live] = ()
+) -> tuple[Live, ...]:
+    live: dict[int, Live] = {b.address: b for b in start}
     for i in range(last + 1):
         ev = events[i]
         if ev.action == "alloc":

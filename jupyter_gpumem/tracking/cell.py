@@ -11,7 +11,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.replay import TraceEvent
 from jupyter_gpumem.tracking.cuda import CudaSession, DeviceRecording, allocator_backend
-from jupyter_gpumem.tracking.namespace import NamedStorage, named_storages
+from jupyter_gpumem.tracking.namespace import NamedStorage, named_storages, walk
 from jupyter_gpumem.tracking.tags import PhaseMark, Tag, Tagger
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class CellRecording:
     marks: tuple[PhaseMark, ...] = ()
     named: Mapping[int, NamedStorage] = field(default_factory=dict)
     cpu_events: tuple[TraceEvent, ...] | None = None  # the CPU source's events, when it ran
+    cpu_start: tuple[
+        tuple[int, int], ...
+    ] = ()  # (address, bytes) of CPU storages alive at the start
 
 
 class CellTracker:
@@ -56,6 +59,7 @@ class CellTracker:
         self._session: CudaSession | None = None
         self._tagger: Tagger | None = None
         self._cpu: Any = None
+        self._cpu_start: tuple[tuple[int, int], ...] = ()
         self._notes: list[str] = []
         self._t0 = 0.0
         self._started_at = 0.0
@@ -75,9 +79,9 @@ class CellTracker:
             )
             self._session.start()
         elif torch is not None and self.options.trace:
-            self._cpu = self._guarded("CPU tensor source", _start_cpu_source)
-            if self._cpu is _FAILED:
-                self._cpu = None
+            started = self._guarded("CPU tensor source", lambda: _start_cpu_source(self.user_ns))
+            if started is not _FAILED:
+                self._cpu, self._cpu_start = started
         if torch is not None and self.options.trace:
             self._tagger = Tagger(torch, self.user_ns)
             if self._guarded("tags", self._tagger.start) is _FAILED:
@@ -122,6 +126,7 @@ class CellTracker:
             marks=marks,
             named=named,
             cpu_events=cpu_events,
+            cpu_start=self._cpu_start,
         )
 
     def _guarded(self, what: str, fn: Any) -> Any:
@@ -133,9 +138,10 @@ class CellTracker:
             return _FAILED
 
 
-def _start_cpu_source() -> Any:
+def _start_cpu_source(user_ns: Mapping[str, Any]) -> tuple[Any, tuple[tuple[int, int], ...]]:
+    """The CPU stand-in for the allocator trace, following the namespace's tensors for frees."""
     from jupyter_gpumem.tracking.dispatch import DispatchRecorder
 
     recorder = DispatchRecorder()
-    recorder.start()
-    return recorder
+    start = recorder.start(t for t, _, _ in walk(user_ns))
+    return recorder, start

@@ -61,7 +61,7 @@ import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -141,7 +141,11 @@ class DispatchRecorder:
                 events.append(TraceEvent("free_completed", address, size, time_us, frames))
         return tuple(events)
 
-    def start(self) -> None:
+    def start(self, existing: Iterable[Any] = ()) -> tuple[tuple[int, int], ...]:
+        """Start recording; ``existing`` tensors' storages are followed for frees.
+
+        Returns (address, bytes) of those existing storages, the interval's starting point.
+        """
         if self._mode is not None:
             raise RuntimeError("DispatchRecorder is already started; call stop() first")
         import torch
@@ -150,9 +154,28 @@ class DispatchRecorder:
             self._live.clear()
             self._raw.clear()
         self._tensor_type = torch.Tensor
+        known = []
+        for t in existing:
+            if not isinstance(t, torch.Tensor) or not (
+                (self._cpu and t.is_cpu) or (self._meta and t.is_meta)
+            ):
+                continue
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if st._cdata in self._live or not st.nbytes():
+                continue
+            ref = _StorageRef(st, self._on_free_cb)
+            ref.key = st._cdata
+            ref.address = ref.key if st.device.type == "meta" else st.data_ptr() or ref.key
+            ref.size = st.nbytes()
+            self._live[ref.key] = ref
+            known.append((ref.address, ref.size))
         mode = _mode_class()(self)
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
+        return tuple(known)
 
     def stop(self) -> tuple[TraceEvent, ...]:
         """Leave the mode (even if modes were pushed above it) and return the events."""

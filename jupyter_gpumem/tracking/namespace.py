@@ -71,16 +71,10 @@ def modules_and_optimizers(
 
 def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
     """Every tensor storage reachable from the namespace, by storage address; first name wins."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
     out: dict[int, NamedStorage] = {}
-    modules, optimizers = modules_and_optimizers(user_ns)
-    param_names: dict[int, str] = {}
-
-    def add(t: Any, name: str, category: str | None) -> None:
-        if not isinstance(t, torch.Tensor) or t.is_meta or getattr(t, "is_sparse", False):
-            return
+    for t, name, category in walk(user_ns):
+        if t.is_meta or getattr(t, "is_sparse", False):
+            continue
         try:
             storage = t.untyped_storage()
             address = storage.data_ptr()
@@ -88,7 +82,7 @@ def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
             RuntimeError,
             NotImplementedError,
         ):  # tensors without storage (e.g. functional wrappers)
-            return
+            continue
         if address and address not in out:
             out[address] = NamedStorage(
                 address,
@@ -99,33 +93,42 @@ def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
                 str(t.dtype).removeprefix("torch."),
                 str(t.device),
             )
+    return out
 
+
+def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:
+    """(tensor, name, category) for parameters, buffers, gradients, optimizer state, then plain tensors."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    modules, optimizers = modules_and_optimizers(user_ns)
+    param_names: dict[int, str] = {}
     for mod_name, module in modules.values():
         for pname, p in module.named_parameters():
             param_names[id(p)] = f"{mod_name}.{pname}"
-            add(p, f"{mod_name}.{pname}", "parameters")
+            yield p, f"{mod_name}.{pname}", "parameters"
             if p.grad is not None:
-                add(p.grad, f"{mod_name}.{pname}.grad", "gradients")
+                yield p.grad, f"{mod_name}.{pname}.grad", "gradients"
         for bname, b in module.named_buffers():
-            add(b, f"{mod_name}.{bname}", "parameters")
+            yield b, f"{mod_name}.{bname}", "parameters"
     for opt_name, opt in optimizers.values():
         for group in opt.param_groups:
             for p in group["params"]:
                 pname = param_names.get(id(p), f"{opt_name}.param_groups[..]")
                 if p.grad is not None:
-                    add(p.grad, f"{pname}.grad", "gradients")
+                    yield p.grad, f"{pname}.grad", "gradients"
                 for key, value in opt.state.get(p, {}).items():
-                    add(value, f"{opt_name}.state[{pname}][{key!r}]", "optimizer_state")
+                    if isinstance(value, torch.Tensor):
+                        yield value, f"{opt_name}.state[{pname}][{key!r}]", "optimizer_state"
     for name, value in roots(user_ns):
         for path, t in _tensors_in(value, name, torch):
-            add(t, path, None)
-    return out
+            yield t, path, None
 
 
 def _tensors_in(value: Any, name: str, torch: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(value, torch.Tensor):
         yield name, value
-        if value.grad is not None:
+        if value.is_leaf and value.grad is not None:
             yield f"{name}.grad", value.grad
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):

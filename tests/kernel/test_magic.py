@@ -91,8 +91,8 @@ def test_cpu_only_runs_the_cell_unchanged_and_says_so(shell: InteractiveShell) -
     assert shell.user_ns["y"] == 3.0
     report: Report = shell.user_ns["r"]
     assert report.cuda_available is False
-    assert report.devices == ()
-    assert report.peak_allocated_bytes is None
+    assert [d.device for d in report.devices] == ["cpu"]  # the CPU stands in: tensor memory only
+    assert report.source == "cpu-dispatch"
     assert NO_CUDA in report.notes
     bundle = report._repr_mimebundle_()
     assert "No CUDA device is present" in bundle["text/plain"]
