@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jupyter_gpumem.analysis.breakdown import TensorRecord, categorize, peak_phase, tensor_records
+from jupyter_gpumem.analysis.breakdown import (
+    CUDA_CLOCK_SLACK_US,
+    TensorRecord,
+    categorize,
+    peak_phase,
+    tensor_records,
+)
 from jupyter_gpumem.analysis.replay import Live, Replay, TraceEvent
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
 from jupyter_gpumem.tracking.namespace import NamedStorage
@@ -61,12 +67,17 @@ def attribute(
 ) -> Attribution:
     """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM."""
     on_device = {a: n for a, n in named.items() if n.device == device}
-    breakdown = categorize(replay.live_at_peak, events, tags, start_blocks, on_device)
+    slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
+    breakdown = categorize(
+        replay.live_at_peak, events, tags, start_blocks, on_device, clock_slack_us=slack
+    )
     peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
     phase, step = peak_phase(marks, peak_us)
     oom = None
     if replay.oom_index is not None:
-        at_oom = categorize(replay.live_at_oom, events, tags, start_blocks, on_device)
+        at_oom = categorize(
+            replay.live_at_oom, events, tags, start_blocks, on_device, clock_slack_us=slack
+        )
         dominant = max(at_oom, key=at_oom.__getitem__)
         largest = tensor_records(
             events[: replay.oom_index], on_device, device=device, cell=cell, top=5

@@ -19,7 +19,7 @@ CATEGORIES = (
 )  # fmt: skip
 # When a storage carries several tags, the most specific wins.
 _PRIORITY = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "inputs": 3, "activations": 4}
-CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
+CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,15 @@ def categorize(
     tags: Sequence[Tag],
     start_blocks: Sequence[Live],
     named: Mapping[int, NamedStorage],
+    *,
+    clock_slack_us: int = 0,
 ) -> dict[str, int]:
-    """Bytes per category for ``blocks``; the values sum to the blocks' total, exactly."""
+    """Bytes per category for ``blocks``; the values sum to the blocks' total, exactly.
+
+    A tag belongs to a block when it was taken during the block's life (within
+    ``clock_slack_us`` where the events and tags use different clocks) and names a
+    storage of the block's requested size.
+    """
     by_address: dict[int, list[Tag]] = {}
     for tag in tags:
         by_address.setdefault(tag.address, []).append(tag)
@@ -53,7 +60,9 @@ def categorize(
     freed = freed_in_cell(events, start_blocks)
     out = dict.fromkeys(CATEGORIES, 0)
     for block in blocks:
-        out[_category(block, events, by_address, allocs_at, freed, named)] += block.size
+        out[_category(block, events, by_address, allocs_at, freed, named, clock_slack_us)] += (
+            block.size
+        )
     return out
 
 
@@ -64,14 +73,15 @@ def _category(
     allocs_at: Mapping[int, list[int]],
     freed: set[tuple[int, int]],
     named: Mapping[int, NamedStorage],
+    slack: int,
 ) -> str:
     born = events[block.event_index].time_us if block.event_index >= 0 else None
     reborn = allocs_at.get(block.address, ())
     valid = []
     for tag in by_address.get(block.address, ()):
-        if born is not None and tag.time_us + CLOCK_SLACK_US < born:
+        if born is not None and (tag.time_us + slack < born or tag.nbytes != block.requested_size):
             continue  # a tag of an earlier storage at the same address
-        if any((born is None or t > born) and t <= tag.time_us - CLOCK_SLACK_US for t in reborn):
+        if any((born is None or t > born) and t <= tag.time_us - slack for t in reborn):
             continue  # a tag of a later storage at the same address
         valid.append(tag.category)
     if valid:

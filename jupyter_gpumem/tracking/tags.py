@@ -33,6 +33,7 @@ class Tag:
     address: int
     category: str  # parameters, gradients, optimizer_state, activations, inputs
     time_us: int
+    nbytes: int  # the storage's size, to tell it from a later storage at the same address
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Tagger:
         now = _now_us()
         for named in named_storages(self.user_ns).values():
             if named.category is not None:
-                self.tags.append(Tag(named.address, named.category, now))
+                self.tags.append(Tag(named.address, named.category, now, named.nbytes))
         modules, _ = modules_and_optimizers(self.user_ns)
         for _, module in modules.values():
             self._adopt(module)
@@ -112,8 +113,7 @@ class Tagger:
             self._mark("other")
 
     def _pack(self, t: Any) -> Any:
-        if self._depth > 0 or self._phase == "forward":
-            self._tag(t, "activations", _now_us())
+        self._tag(t, "activations", _now_us())
         return t
 
     def _unpack(self, t: Any) -> Any:
@@ -158,11 +158,12 @@ class Tagger:
         if not isinstance(value, self.torch.Tensor):
             return
         try:
-            address = value.untyped_storage().data_ptr()
+            storage = value.untyped_storage()
+            address = storage.data_ptr()
         except (RuntimeError, NotImplementedError):
             return
         if address:
-            self.tags.append(Tag(address, category, now))
+            self.tags.append(Tag(address, category, now, storage.nbytes()))
 
     def _mark(self, phase: str) -> None:
         self._phase = phase
