@@ -33,6 +33,35 @@ class LeakHint:
         return out
 
 
+@dataclass(frozen=True)
+class Freed:
+    """What `release` gave back. None means "not measured" (say so, do not guess)."""
+
+    cuda_bytes: int | None  # drop of memory_allocated, all devices; None: CUDA not initialised
+    cpu_bytes: int | None  # CPU storages the cleared holders referenced that are now gone
+    cache_returned_bytes: int | None  # reserved memory empty_cache() gave back to the driver
+    cleared: tuple[str, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Tensor memory that came back (CUDA allocated drop plus CPU storages)."""
+        return max(0, self.cuda_bytes or 0) + (self.cpu_bytes or 0)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.cuda_bytes is not None:
+            parts.append(f"{format_bytes(max(0, self.cuda_bytes))} of CUDA tensors")
+        if self.cpu_bytes is not None:
+            parts.append(f"{format_bytes(self.cpu_bytes)} of CPU tensors")
+        line = "freed " + (
+            " and ".join(parts) if parts else "nothing measurable (torch not imported)"
+        )
+        if self.cache_returned_bytes:
+            line += f"; {format_bytes(self.cache_returned_bytes)} of cache returned to the driver"
+        cleared = ", ".join(self.cleared) if self.cleared else "nothing to clear"
+        return f"{line} (cleared: {cleared})"
+
+
 def _names(where: Sequence[str], limit: int = 4) -> str:
     shown = ", ".join(where[:limit])
     return shown + (f" and {len(where) - limit} more" if len(where) > limit else "")
@@ -82,17 +111,17 @@ def graph_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
     )
 
 
-def cycles_hint(nbytes: int, objects: int) -> LeakHint | None:
+def cycles_hint(nbytes: int, tensors: int) -> LeakHint | None:
     """Tensors reachable only from reference cycles, waiting for the garbage collector."""
     if nbytes <= 0:
         return None
     return LeakHint(
         "cycles",
         nbytes,
-        f"{format_bytes(nbytes)} of tensors are unreachable but held by reference cycles "
-        f"({objects} objects); they are freed only when the garbage collector runs.",
-        "Run `import gc; gc.collect()` (or `%gpumem free`); break the cycle, e.g. a module or "
-        "closure that refers back to its owner, so memory is freed at once.",
+        f"{format_bytes(nbytes)} in {tensors} tensor(s) is unreachable but not yet freed: "
+        "reference cycles hold it until the garbage collector runs.",
+        "Run `import gc; gc.collect()` (or `%gpumem free`); to free it at once, break the "
+        "cycle (e.g. an object, closure or hook that refers back to its owner).",
         (),
     )
 

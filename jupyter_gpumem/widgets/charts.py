@@ -1,0 +1,241 @@
+"""The cell timeline drawn two ways: a bqplot figure, and a static SVG where widgets do not render.
+
+Both show allocated and reserved memory over the cell's run, the forward/backward/optimizer
+phases as translucent bands, and the peak as a labelled point. The y unit (GiB or MiB) is
+chosen from the largest value; colours are mid-tone so they read on light and dark themes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import ipywidgets as widgets
+from bqplot import Axis, Figure, Label, LinearScale, Lines, Scatter
+
+from jupyter_gpumem.analysis.timeline import PHASES, PhaseBand, Timeline
+from jupyter_gpumem.units import format_bytes, format_seconds
+
+__all__ = ["PHASE_COLORS", "SERIES_COLORS", "timeline_figure", "timeline_svg"]
+
+SERIES_COLORS = {"allocated": "#4e79a7", "reserved": "#f28e2b", "peak": "#e15759"}
+PHASE_COLORS = {
+    "forward": "#59a14f",
+    "backward": "#b07aa1",
+    "optimizer": "#edc948",
+    "other": "#9c9c9c",
+}
+BAND_OPACITY = 0.18
+HEADROOM = 1.08  # the y axis ends a little above the largest value
+GiB, MiB = 2**30, 2**20
+
+
+def _unit(top_bytes: int) -> tuple[str, int]:
+    """GiB from 1 GiB up, else MiB."""
+    return ("GiB", GiB) if top_bytes >= GiB else ("MiB", MiB)
+
+
+def _top_bytes(tl: Timeline) -> int:
+    return max((*tl.allocated_bytes, *tl.reserved_bytes, tl.peak_bytes, 0))
+
+
+def _end_s(tl: Timeline) -> float:
+    return max((*tl.t_s, *(b.end_s for b in tl.bands), tl.peak_t_s, 0.0))
+
+
+def _by_phase(bands: Sequence[PhaseBand]) -> dict[str, list[PhaseBand]]:
+    """Bands grouped by phase, known phases first in PHASES order; unknown ones as "other"."""
+    grouped: dict[str, list[PhaseBand]] = {}
+    for band in sorted(bands, key=lambda b: b.start_s):
+        phase = band.phase if band.phase in PHASE_COLORS else "other"
+        grouped.setdefault(phase, []).append(band)
+    return {p: grouped[p] for p in PHASES if p in grouped}
+
+
+def _peak_text(tl: Timeline) -> str:
+    return f"peak {format_bytes(tl.peak_bytes)} at {format_seconds(tl.peak_t_s)}"
+
+
+# -- bqplot -------------------------------------------------------------------------------
+def _band_outline(bands: Sequence[PhaseBand], top: float) -> tuple[list[float], list[float]]:
+    """One line that rises to ``top`` over each band and rests at 0 between them."""
+    x: list[float] = []
+    y: list[float] = []
+    for band in bands:
+        x += [band.start_s, band.start_s, band.end_s, band.end_s]
+        y += [0.0, top, top, 0.0]
+    return x, y
+
+
+def timeline_figure(tl: Timeline, *, title: str = "") -> Figure:
+    """Allocated and reserved memory over the cell, phase bands and the peak, as bqplot."""
+    unit, scale = _unit(_top_bytes(tl))
+    top = _top_bytes(tl) * HEADROOM / scale or 1.0
+    xs = LinearScale(min=0.0, max=_end_s(tl) or 1.0)
+    ys = LinearScale(min=0.0, max=top)
+    scales = {"x": xs, "y": ys}
+    marks: list[object] = []
+    for phase, bands in _by_phase(tl.bands).items():
+        x, y = _band_outline(bands, top)
+        color = PHASE_COLORS[phase]
+        marks.append(
+            Lines(
+                x=x,
+                y=y,
+                scales=scales,
+                colors=[color],
+                fill="bottom",
+                fill_colors=[color],
+                fill_opacities=[BAND_OPACITY],
+                opacities=[0.5],
+                stroke_width=1,
+                labels=[phase],
+                display_legend=True,
+            )
+        )
+    t = list(tl.t_s)
+    for series, values, style in (
+        ("reserved", tl.reserved_bytes, "dashed"),
+        ("allocated", tl.allocated_bytes, "solid"),
+    ):
+        marks.append(
+            Lines(
+                x=t,
+                y=[v / scale for v in values],
+                scales=scales,
+                colors=[SERIES_COLORS[series]],
+                line_style=style,
+                stroke_width=2,
+                labels=[series],
+                display_legend=True,
+            )
+        )
+    if t:
+        peak = tl.peak_bytes / scale
+        color = SERIES_COLORS["peak"]
+        marks.append(
+            Scatter(
+                x=[tl.peak_t_s],
+                y=[peak],
+                scales=scales,
+                colors=[color],
+                default_size=48,
+            )
+        )
+        marks.append(
+            Label(
+                x=[tl.peak_t_s],
+                y=[peak],
+                scales=scales,
+                text=[_peak_text(tl)],
+                colors=[color],
+                default_size=12,
+                x_offset=6,
+                y_offset=-6,
+                align="end" if tl.peak_t_s > 0.7 * (_end_s(tl) or 1.0) else "start",
+            )
+        )
+    axes = [
+        Axis(scale=xs, side="bottom", label="time (s)", tick_format=".3~g", num_ticks=6),
+        Axis(scale=ys, side="left", label=f"memory ({unit})", tick_format=".3~g"),
+    ]
+    return Figure(
+        marks=marks,
+        axes=axes,
+        title=title,
+        legend_location="top-left",
+        animation_duration=0,
+        fig_margin={"top": 24 if title else 10, "bottom": 40, "left": 56, "right": 12},
+        layout=widgets.Layout(height="220px", width="100%"),
+    )
+
+
+# -- static SVG ---------------------------------------------------------------------------
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _num(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def timeline_svg(tl: Timeline, width: int = 640, height: int = 180, *, title: str = "") -> str:
+    """The same chart as a self-contained inline SVG string (no scripts, all text escaped)."""
+    if width < 160 or height < 80:
+        raise ValueError(f"the SVG needs width >= 160 and height >= 80, got {width}x{height}")
+    left, right, bottom, legend = 56, 10, 20, 16
+    x0, x1, y0, y1 = left, width - right, 4 + legend, height - bottom
+    end_s = _end_s(tl) or 1.0
+    top = _top_bytes(tl) * HEADROOM or 1.0
+
+    def px(t: float) -> float:
+        return x0 + (x1 - x0) * t / end_s
+
+    def py(b: float) -> float:
+        return y1 - (y1 - y0) * b / top
+
+    label = title or "GPU memory over the cell"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="jp-gpumem-timeline" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{_esc(label)}" '
+        'style="font:10px var(--jp-ui-font-family,sans-serif);color:inherit">',
+        f"<title>{_esc(label)}: {_esc(_peak_text(tl))}</title>",
+    ]
+    phases = _by_phase(tl.bands)
+    for phase, bands in phases.items():
+        for b in bands:
+            out.append(
+                f'<rect class="band" data-phase="{_esc(phase)}" x="{_num(px(b.start_s))}" '
+                f'y="{_num(y0)}" width="{_num(px(b.end_s) - px(b.start_s))}" '
+                f'height="{_num(y1 - y0)}" fill="{PHASE_COLORS[phase]}" '
+                f'fill-opacity="{BAND_OPACITY}"><title>{_esc(b.phase)}, step {b.step}</title></rect>'
+            )
+    axis = 'stroke="currentColor" stroke-opacity="0.45" fill="none"'
+    out.append(f'<path class="axis" d="M{x0},{y0} V{y1} H{x1}" {axis}/>')
+    ticks: list[tuple[float, float, str, str]] = [
+        (x0 - 4, y1, "end", "0"),
+        (x0, y1 + 13, "start", "0 s"),
+        (x1, y1 + 13, "end", format_seconds(end_s)),
+    ]
+    if _top_bytes(tl):
+        ticks.append((x0 - 4, py(_top_bytes(tl)) + 3, "end", format_bytes(_top_bytes(tl))))
+    out += [
+        f'<text x="{_num(x)}" y="{_num(y)}" text-anchor="{a}" fill="currentColor">{_esc(s)}</text>'
+        for x, y, a, s in ticks
+    ]
+    for series, values, dash in (
+        ("reserved", tl.reserved_bytes, ' stroke-dasharray="4 3"'),
+        ("allocated", tl.allocated_bytes, ""),
+    ):
+        if not values:
+            continue
+        points = " L".join(
+            f"{_num(px(t))},{_num(py(v))}" for t, v in zip(tl.t_s, values, strict=False)
+        )
+        out.append(
+            f'<path class="series" data-series="{series}" d="M{points}" fill="none" '
+            f'stroke="{SERIES_COLORS[series]}" stroke-width="1.5"{dash}/>'
+        )
+    if tl.t_s:
+        cx, cy = px(tl.peak_t_s), py(tl.peak_bytes)
+        anchor, dx = ("end", -6) if cx > x0 + 0.7 * (x1 - x0) else ("start", 6)
+        color = SERIES_COLORS["peak"]
+        out.append(
+            f'<circle class="peak" cx="{_num(cx)}" cy="{_num(cy)}" r="3.5" fill="{color}">'
+            f"<title>{_esc(_peak_text(tl))}</title></circle>"
+        )
+        out.append(
+            f'<text class="peak-label" x="{_num(cx + dx)}" y="{_num(max(y0 + 8, cy - 5))}" '
+            f'text-anchor="{anchor}" fill="{color}">{_esc(_peak_text(tl))}</text>'
+        )
+    legend_items = [(s, SERIES_COLORS[s]) for s in ("allocated", "reserved")]
+    legend_items += [(p, PHASE_COLORS[p]) for p in phases]
+    x = float(x0)
+    for name, color in legend_items:
+        out.append(
+            f'<rect x="{_num(x)}" y="4" width="10" height="10" fill="{color}"/>'
+            f'<text x="{_num(x + 13)}" y="13" fill="currentColor">{_esc(name)}</text>'
+        )
+        x += 13 + 6.5 * len(name) + 12
+    out.append("</svg>")
+    return "".join(out)

@@ -1,0 +1,135 @@
+"""The timeline drawn as a bqplot figure and as a static SVG."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytest.importorskip("bqplot")
+
+from bqplot import Label, Lines, Scatter
+
+from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
+from jupyter_gpumem.widgets.charts import PHASE_COLORS, timeline_figure, timeline_svg
+
+GiB, MiB = 2**30, 2**20
+SVG = "{http://www.w3.org/2000/svg}"
+
+TRAIN = Timeline(
+    t_s=(0.0, 0.1, 0.2, 0.3, 0.4),
+    allocated_bytes=(1 * GiB, 2 * GiB, 3 * GiB, 2 * GiB, 1 * GiB),
+    reserved_bytes=(2 * GiB, 3 * GiB, 4 * GiB, 4 * GiB, 4 * GiB),
+    bands=(
+        PhaseBand(0.0, 0.15, "forward", 0),
+        PhaseBand(0.15, 0.3, "backward", 0),
+        PhaseBand(0.3, 0.35, "optimizer", 0),
+        PhaseBand(0.35, 0.4, "forward", 1),
+    ),
+    peak_t_s=0.2,
+    peak_bytes=3 * GiB,
+)
+
+
+def marks_by_label(fig: object) -> dict[str, Lines]:
+    return {m.labels[0]: m for m in fig.marks if isinstance(m, Lines)}  # type: ignore[attr-defined]
+
+
+def test_figure_has_lines_bands_and_peak_in_gib() -> None:
+    fig = timeline_figure(TRAIN)
+    lines = marks_by_label(fig)
+    assert list(lines) == ["forward", "backward", "optimizer", "reserved", "allocated"]
+    assert list(lines["allocated"].x) == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert list(lines["allocated"].y) == [1.0, 2.0, 3.0, 2.0, 1.0]
+    assert list(lines["reserved"].y) == [2.0, 3.0, 4.0, 4.0, 4.0]
+    assert lines["reserved"].line_style == "dashed"
+    top = fig.axes[1].scale.max
+    assert top == pytest.approx(4.0 * 1.08)
+    # one band line per phase, covering each of its stretches up to the top of the axis
+    assert list(lines["forward"].x) == [0.0, 0.0, 0.15, 0.15, 0.35, 0.35, 0.4, 0.4]
+    assert list(lines["forward"].y) == [0.0, top, top, 0.0] * 2
+    assert lines["forward"].fill == "bottom"
+    assert list(lines["backward"].fill_colors) == [PHASE_COLORS["backward"]]
+    (peak,) = [m for m in fig.marks if isinstance(m, Scatter)]
+    assert (list(peak.x), list(peak.y)) == ([0.2], [3.0])
+    (label,) = [m for m in fig.marks if isinstance(m, Label)]
+    assert list(label.text) == ["peak 3.00 GiB at 200 ms"]
+    assert fig.axes[1].label == "memory (GiB)"
+    assert fig.axes[0].label == "time (s)"
+    assert fig.layout.height == "220px"
+
+
+def test_figure_uses_mib_below_one_gib_and_groups_unknown_phases_as_other() -> None:
+    tl = Timeline(
+        t_s=(0.0, 1.0),
+        allocated_bytes=(0, 512 * MiB),
+        reserved_bytes=(0, 600 * MiB),
+        bands=(PhaseBand(0.0, 1.0, "warmup", 0),),
+        peak_t_s=1.0,
+        peak_bytes=512 * MiB,
+    )
+    fig = timeline_figure(tl)
+    lines = marks_by_label(fig)
+    assert list(lines["allocated"].y) == [0.0, 512.0]
+    assert fig.axes[1].label == "memory (MiB)"
+    assert "other" in lines
+
+
+def test_empty_timeline_has_no_peak_marker() -> None:
+    empty = Timeline((), (), (), (), 0.0, 0)
+    fig = timeline_figure(empty)
+    assert not [m for m in fig.marks if isinstance(m, (Scatter, Label))]
+    root = ET.fromstring(timeline_svg(empty))
+    assert root.find(f"{SVG}circle") is None
+
+
+def points(d: str) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in re.findall(r"([\d.]+),([\d.]+)", d)]
+
+
+def test_svg_is_well_formed_with_a_path_per_series_and_the_peak_marked() -> None:
+    svg = timeline_svg(TRAIN, width=640, height=180)
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    assert (root.get("width"), root.get("height")) == ("640", "180")
+    paths = {p.get("data-series"): p for p in root.iter(f"{SVG}path") if p.get("data-series")}
+    assert set(paths) == {"allocated", "reserved"}
+    allocated = points(paths["allocated"].get("d", ""))
+    assert len(allocated) == len(TRAIN.t_s)
+    assert "stroke-dasharray" in paths["reserved"].attrib
+    (circle,) = root.iter(f"{SVG}circle")
+    peak_index = TRAIN.t_s.index(TRAIN.peak_t_s)
+    assert (float(circle.get("cx", "")), float(circle.get("cy", ""))) == allocated[peak_index]
+    # the peak is the highest point of the allocated line (smallest y in SVG)
+    assert allocated[peak_index][1] == min(y for _, y in allocated)
+    labels = [t.text for t in root.iter(f"{SVG}text")]
+    assert "peak 3.00 GiB at 200 ms" in labels
+    assert {"allocated", "reserved", "forward", "backward", "optimizer"} <= set(labels)
+    bands = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "band"]
+    assert [b.get("data-phase") for b in bands] == ["forward", "forward", "backward", "optimizer"]
+    assert all(0 < float(b.get("width", "")) for b in bands)
+
+
+def test_svg_escapes_all_text() -> None:
+    nasty = '<script>alert("x")</script> & co'
+    tl = Timeline(
+        t_s=(0.0, 1.0),
+        allocated_bytes=(0, MiB),
+        reserved_bytes=(0, MiB),
+        bands=(PhaseBand(0.0, 1.0, nasty, 0),),
+        peak_t_s=1.0,
+        peak_bytes=MiB,
+    )
+    svg = timeline_svg(tl, title=nasty)
+    assert "<script" not in svg
+    root = ET.fromstring(svg)
+    assert root.get("aria-label") == nasty
+    assert root.find(f"{SVG}title").text.startswith(nasty)  # type: ignore[union-attr]
+    band_titles = [t.text for r in root.iter(f"{SVG}rect") for t in r.iter(f"{SVG}title")]
+    assert band_titles == [f"{nasty}, step 0"]
+
+
+def test_svg_rejects_a_size_too_small_to_draw() -> None:
+    with pytest.raises(ValueError, match="width >= 160 and height >= 80"):
+        timeline_svg(TRAIN, width=100)
