@@ -8,12 +8,13 @@ built becomes a warning.
 from __future__ import annotations
 
 import ast
+import hashlib
 import keyword
 import os
 import shlex
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import CodeType
 from typing import Any
 
@@ -35,7 +36,7 @@ CELL_USAGE = (
     "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
     "[--top N] [--no-trace] [--quiet]"
 )
-LINE_COMMANDS = ("status", "history", "monitor")
+LINE_COMMANDS = ("status", "history", "monitor", "free")
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ class GpuMemMagics(Magics):
             error = exc
             raise
         finally:
-            self._finish(tracker, opts, error, filename, offset)
+            key = opts.name or hashlib.sha1(cell.encode()).hexdigest()[:16]
+            self._finish(tracker, opts, error, filename, offset, key)
 
     def _compile(self, cell: str) -> tuple[str, CodeType, CodeType | None]:
         """Compile the cell as IPython would; a final expression is compiled apart, to return its value."""
@@ -182,6 +184,7 @@ class GpuMemMagics(Magics):
         error: BaseException | None,
         filename: str,
         line_offset: int,
+        cell_key: str,
     ) -> None:
         try:
             recording = tracker.stop(error)
@@ -196,6 +199,7 @@ class GpuMemMagics(Magics):
                 cell=(filename, line_offset),
                 top=opts.top,
             )
+            report = self._with_leaks(report, opts, cell_key)
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
             return
@@ -205,8 +209,37 @@ class GpuMemMagics(Magics):
         if opts.quiet:
             for w in report.warnings:
                 warnings.warn(w, stacklevel=2)
-        else:
-            display(report)
+            return
+        display(report)
+        if (
+            report.timeline is not None
+            and len(report.timeline.t_s) > 1
+            and _has_widgets(self.shell)
+        ):
+            display(report.timeline_figure())
+
+    def _with_leaks(self, report: Report, opts: Options, cell_key: str) -> Report:
+        """Leak hints from IPython's state, and growth across earlier runs of the same cell."""
+        from jupyter_gpumem.analysis.leaks import growth_hint
+        from jupyter_gpumem.leaks import find_leaks
+
+        main = report.main
+        device = None if main is None or main.device == "cpu" else main.index
+        hints = list(find_leaks(self.shell, device=device, cycles=False)) if report.devices else []
+        if main is not None:
+            earlier = [
+                d.allocated_after_bytes
+                for r in history.reports()
+                if r.cell_key == cell_key
+                for d in r.devices
+                if d.device == main.device
+            ]
+            grown = growth_hint(
+                [*earlier, main.allocated_after_bytes], label=opts.name or "this cell"
+            )
+            if grown is not None:
+                hints.insert(0, grown)
+        return replace(report, leak_hints=tuple(hints), cell_key=cell_key)
 
     def _check_devices(self, opts: Options) -> None:
         torch = sys.modules.get("torch")
@@ -228,6 +261,11 @@ class GpuMemMagics(Magics):
             return history.to_dataframe()
         if command == "monitor":
             return _monitor(words[1:])
+        if command == "free":
+            from jupyter_gpumem.leaks import release
+
+            print(release(self.shell))
+            return None
         raise UsageError(f"%gpumem takes one of: {', '.join(LINE_COMMANDS)}; got {command!r}")
 
 
@@ -255,6 +293,11 @@ def _monitor(words: list[str]) -> Any:
         return show(interval_s, devices or None)
     except ValueError as exc:
         raise UsageError(f"%gpumem monitor: {exc}\n{usage}") from None
+
+
+def _has_widgets(shell: Any) -> bool:
+    """Widgets render only where a kernel with comms runs the shell (not plain IPython)."""
+    return getattr(shell, "kernel", None) is not None
 
 
 def _status() -> None:

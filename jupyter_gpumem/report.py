@@ -13,6 +13,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
+from jupyter_gpumem.analysis.leaks import LeakHint
 from jupyter_gpumem.analysis.timeline import Timeline
 from jupyter_gpumem.units import format_bytes, format_seconds
 
@@ -69,6 +70,8 @@ class Report:
     devices: tuple[DeviceReport, ...] = ()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    leak_hints: tuple[LeakHint, ...] = ()
+    cell_key: str | None = None  # the same cell re-run has the same key (its name, or its source)
     schema: int = SCHEMA
     extras: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -140,7 +143,7 @@ class Report:
             if f.name == "extras":
                 continue
             value = getattr(self, f.name)
-            if f.name == "devices":
+            if f.name in ("devices", "leak_hints"):
                 value = [d.to_dict() for d in value]
             elif isinstance(value, tuple):
                 value = list(value)
@@ -157,6 +160,14 @@ class Report:
 
     def __str__(self) -> str:
         return render_text(self)
+
+    def timeline_figure(self) -> Any:
+        """The main device's timeline as a bqplot Figure; None when there is none."""
+        if self.timeline is None:
+            return None
+        from jupyter_gpumem.widgets.charts import timeline_figure
+
+        return timeline_figure(self.timeline, title=self.name or "")
 
 
 _ROWS: tuple[tuple[str, str, bool], ...] = (
@@ -201,6 +212,7 @@ def render_text(r: Report) -> str:
     if main is not None:
         lines.extend(_detail_lines(main))
     lines.extend(f"warning: {w}" for w in r.warnings)
+    lines.extend(f"leak: {h.message} Fix: {h.fix}" for h in r.leak_hints)
     lines.extend(f"note: {n}" for n in r.notes)
     return "\n".join(lines)
 
@@ -275,19 +287,21 @@ def render_html(r: Report) -> str:
         )
     if r.main is not None and (details := _detail_lines(r.main)):
         parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
-    if r.timeline is not None:
-        parts.append(_timeline_svg(r.timeline))
+    if r.timeline is not None and len(r.timeline.t_s) > 1:
+        parts.append(_timeline_svg(r.timeline, r.name or ""))
     parts.extend(
         f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in r.warnings
+    )
+    parts.extend(
+        f"<p><strong>Leak:</strong> {esc(h.message)} <em>Fix:</em> {esc(h.fix)}</p>"
+        for h in r.leak_hints
     )
     parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
     parts.append("</div>")
     return "".join(parts)
 
 
-def _timeline_svg(timeline: Timeline) -> str:
-    try:
-        from jupyter_gpumem.widgets.charts import timeline_svg
-    except ImportError:
-        return ""
-    return timeline_svg(timeline)
+def _timeline_svg(timeline: Timeline, title: str) -> str:
+    from jupyter_gpumem.widgets.charts import timeline_svg
+
+    return timeline_svg(timeline, title=title)

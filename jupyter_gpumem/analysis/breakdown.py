@@ -81,8 +81,10 @@ def _category(
     for tag in by_address.get(block.address, ()):
         if born is not None and (tag.time_us + slack < born or tag.nbytes != block.requested_size):
             continue  # a tag of an earlier storage at the same address
-        if any((born is None or t > born) and t <= tag.time_us - slack for t in reborn):
-            continue  # a tag of a later storage at the same address
+        # a later alloc at this address, before the tag, means the tag is of a later storage
+        after = 0 if born is None else bisect.bisect_right(reborn, born)
+        if after < len(reborn) and reborn[after] <= tag.time_us - slack:
+            continue
         valid.append(tag.category)
     if valid:
         return min(valid, key=_PRIORITY.__getitem__)
