@@ -8,6 +8,7 @@ HTML renderings. ``to_dict()`` is the wire format behind the
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -149,7 +150,7 @@ class Report:
                 value = list(value)
             out[f.name] = value
         out.update(self.extras)
-        return out
+        return json.loads(json.dumps(out))  # JSON-native: tuples become lists
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {
@@ -182,6 +183,11 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+def _rows(r: Report) -> list[tuple[str, str, bool]]:
+    """The table rows that have a value on at least one device (NVML rows are empty on CPU)."""
+    return [row for row in _ROWS if any(getattr(d, row[1]) is not None for d in r.devices)]
+
+
 def _title(r: Report) -> str:
     label = f" {r.name}" if r.name else ""
     state = {"ok": "", "error": " (cell raised)", "oom": " (out of memory)"}.get(r.status, "")
@@ -198,7 +204,7 @@ def render_text(r: Report) -> str:
         lines.append(
             " " * width + "  " + "  ".join(h.rjust(c) for h, c in zip(heads, cols, strict=True))
         )
-        for label, key, signed in _ROWS:
+        for label, key, signed in _rows(r):
             cells = [format_bytes(getattr(d, key), signed=signed) for d in r.devices]
             lines.append(
                 label.ljust(width)
@@ -243,10 +249,13 @@ def _detail_lines(d: DeviceReport) -> list[str]:
     alive = [t for t in d.tensors if t.alive]
     if alive:
         lines.append("tensors the cell left alive:")
+        width = min(48, max(len(t.name or "(unnamed)") for t in alive))
         for t in alive:
+            name = t.name or "(unnamed)"
+            name = name if len(name) <= width else name[: width - 1] + "…"
             shape = "x".join(map(str, t.shape)) if t.shape is not None else "?"
             lines.append(
-                f"  {t.name or '(unnamed)':<28} {shape:>16} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
+                f"  {name:<{width}} {shape:>14} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
             )
     freed = [t for t in d.tensors if not t.alive]
     if freed:
@@ -272,7 +281,7 @@ def render_html(r: Report) -> str:
             for d in r.devices
         )
         parts.append("</tr></thead><tbody>")
-        for label, key, signed in _ROWS:
+        for label, key, signed in _rows(r):
             parts.append(f'<tr><td style="padding-right:1em">{esc(label.strip())}</td>')
             parts.extend(
                 f'<td style="text-align:right;padding:0 .8em">{esc(format_bytes(getattr(d, key), signed=signed))}</td>'

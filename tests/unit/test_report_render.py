@@ -1,0 +1,76 @@
+"""The report's renderings: exact text at a fixed layout, escaped HTML, the JSON wire format."""
+
+import json
+from pathlib import Path
+
+from jupyter_gpumem.analysis.breakdown import TensorRecord
+from jupyter_gpumem.report import MIME_TYPE, DeviceReport, Report
+
+GiB, MiB = 2**30, 2**20
+
+
+def _report(**kw: object) -> Report:
+    device = DeviceReport(
+        device="cuda:0", index=0, name="NVIDIA H100 80GB HBM3", total_bytes=80 * GiB,
+        allocated_before_bytes=2 * GiB, allocated_after_bytes=3 * GiB, allocated_delta_bytes=GiB,
+        peak_allocated_bytes=12 * GiB, peak_reserved_bytes=13 * GiB, reserved_after_bytes=13 * GiB,
+        cache_bytes=10 * GiB, nvml_process_bytes=14 * GiB, non_torch_bytes=GiB, source="allocator-trace",
+        breakdown={"parameters": GiB, "gradients": GiB, "optimizer_state": 2 * GiB, "activations": 7 * GiB,
+                   "inputs": 0, "other": 0, "temporary": GiB, "unattributed": 0},
+        peak_phase="backward", peak_step=1,
+        tensors=(TensorRecord("logits", (8, 1024, 50257), "float32", 1646264320, "cuda:0", "cell line 3", True),
+                 TensorRecord(None, None, None, 512 * MiB, "cuda:0", "cell line 4", False)),
+    )  # fmt: skip
+    fields = dict(
+        id="x", name="train <b>", execution_count=3, started_at=0.0, wall_s=3.4178, status="ok",
+        error=None, cuda_available=True, source="allocator-trace", budget_bytes=16 * GiB, devices=(device,),
+    )  # fmt: skip
+    fields.update(kw)
+    return Report(**fields)  # type: ignore[arg-type]
+
+
+def test_text_rendering_is_exact() -> None:
+    assert str(_report()) == "\n".join(
+        [
+            "gpumem train <b>: 3.42 s",
+            "                              cuda:0 NVIDIA H100 80GB HBM3",
+            "peak allocated                                    12.0 GiB",
+            "peak reserved                                     13.0 GiB",
+            "allocated before                                  2.00 GiB",
+            "allocated after                                   3.00 GiB",
+            "allocated delta                                  +1.00 GiB",
+            "cache (reserved - allocated)                      10.0 GiB",
+            "process memory (NVML)                             14.0 GiB",
+            "  not PyTorch's                                   1.00 GiB",
+            "budget 16.0 GiB: peak is within budget",
+            "at the peak (backward, step 1) on cuda:0:",
+            "  activations          7.00 GiB   58%",
+            "  optimizer state      2.00 GiB   17%",
+            "  parameters           1.00 GiB    8%",
+            "  gradients            1.00 GiB    8%",
+            "  temporary            1.00 GiB    8%",
+            "tensors the cell left alive:",
+            "  logits   8x1024x50257   float32    1.53 GiB  cell line 3",
+            "largest freed: 512 MiB from cell line 4",
+        ]
+    )
+
+
+def test_html_escapes_user_text_and_carries_the_breakdown() -> None:
+    page = _report()._repr_mimebundle_()["text/html"]
+    assert "train &lt;b&gt;" in page and "train <b>" not in page
+    assert "activations" in page and "backward, step 1" in page
+
+
+def test_json_matches_the_shared_fixture_keys() -> None:
+    fixture = json.loads((Path(__file__).parents[1] / "fixtures" / "report.json").read_text())
+    bundle = _report()._repr_mimebundle_()[MIME_TYPE]
+    json.dumps(bundle)  # plain JSON
+    assert set(fixture) <= set(bundle)
+    assert set(fixture["devices"][0]) <= set(bundle["devices"][0])
+    assert bundle["devices"][0]["tensors"][0]["shape"] == [8, 1024, 50257]
+
+
+def test_over_budget_and_oom_titles() -> None:
+    assert _report(budget_bytes=GiB).over_budget
+    assert "(out of memory)" in str(_report(status="oom"))
