@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "history", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["__version__", "history", "load_ipython_extension", "track", "unload_ipython_extension"]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,6 +35,16 @@ def history() -> pd.DataFrame:
     from jupyter_gpumem.kernel_history import to_dataframe
 
     return to_dataframe()
+
+
+def track(obj: Any, name: str | None = None) -> Any:
+    """Make a model, optimizer or tensor that is not in the notebook's namespace known to `%%gpumem`.
+
+    Models and optimizers in the namespace are found without this. Returns ``obj``.
+    """
+    from jupyter_gpumem.tracking.namespace import track as _track
+
+    return _track(obj, name)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -14,6 +14,7 @@ def shell() -> Iterator[InteractiveShell]:
     from jupyter_gpumem import kernel_history as history
 
     ip = InteractiveShell.instance()
+    ip.reset(new_session=False)  # each test starts from an empty user namespace
     history.clear()
     ip.run_line_magic("load_ext", "jupyter_gpumem")
     yield ip

@@ -80,7 +80,7 @@ def attribute(
         )
         dominant = max(at_oom, key=at_oom.__getitem__)
         largest = tensor_records(
-            events[: replay.oom_index], on_device, device=device, cell=cell, top=5
+            events[: replay.oom_index], on_device, device=device, cell=cell, top=5, marks=marks
         )
         oom = OomInfo(
             requested_bytes=events[replay.oom_index].size,
@@ -94,7 +94,7 @@ def attribute(
         peak_phase=phase,
         peak_step=step,
         timeline=timeline(replay, events, marks, started_at_us),
-        tensors=tensor_records(events, on_device, device=device, cell=cell, top=top),
+        tensors=tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
         oom=oom,
     )
 

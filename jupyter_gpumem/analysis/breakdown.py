@@ -138,6 +138,7 @@ def tensor_records(
     device: str,
     cell: tuple[str, int] | None,
     top: int,
+    marks: Sequence[PhaseMark] = (),
 ) -> tuple[TensorRecord, ...]:
     """Storages the cell allocated and left alive (named where possible), then the largest it freed."""
     born: dict[int, TraceEvent] = {}
@@ -157,16 +158,30 @@ def tensor_records(
                 dtype=n.dtype if n else None,
                 nbytes=n.nbytes if n else ev.size,
                 device=device,
-                line=source_line(ev, cell),
+                line=source_line(ev, cell) or _during(marks, ev),
                 alive=True,
             )
         )
     alive.sort(key=lambda r: (r.name is None, -r.nbytes))
     gone = [
-        TensorRecord(None, None, None, ev.size, device, source_line(ev, cell), alive=False)
+        TensorRecord(
+            None,
+            None,
+            None,
+            ev.size,
+            device,
+            source_line(ev, cell) or _during(marks, ev),
+            alive=False,
+        )
         for ev in sorted(freed, key=lambda e: -e.size)[:top]
     ]
     return tuple(alive[:top]) + tuple(gone)
+
+
+def _during(marks: Sequence[PhaseMark], ev: TraceEvent) -> str | None:
+    """For allocations with no Python frame (autograd's engine thread): the phase they fell in."""
+    phase, step = peak_phase(marks, ev.time_us)
+    return None if phase is None else f"during {phase} (step {step})"
 
 
 def source_line(ev: TraceEvent, cell: tuple[str, int] | None) -> str | None:
