@@ -20,7 +20,12 @@ def demo(notebook: Path, output: Path | None, timeout_s: int) -> int:
         print(f"no notebook at {notebook}; pass --notebook PATH", file=sys.stderr)
         return 2
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(notebook.parent)}},
+    )
     client.execute()
     reports = 0
     for cell in nb.cells:
