@@ -26,6 +26,8 @@ try:
 except ImportError:
     sys.path.insert(0, str(REPO))
 
+from jupyter_gpumem.server.fake import DEFAULT_SPEC  # noqa: E402
+
 if not (BUILT / "package.json").exists():
     raise SystemExit(
         f"{BUILT} is missing: build the labextension first "
@@ -69,27 +71,7 @@ c.GpuMem.fake_spec = {  # noqa: F821
                 {"pid": 4242, "command": XSS_COMMAND, "memory_bytes": 1 * GiB},
             ],
         },
-        {
-            "name": "NVIDIA A100-SXM4-40GB",
-            "uuid": "GPU-a1b2c3d4-0000-4000-8000-0123456789ab",
-            "memory_total_bytes": 42949672960,
-            "memory_used_bytes": 6442450944,
-            "utilization_percent": 12,
-            "temperature_c": 41,
-            "power_w": 96.0,
-            "mig": [
-                {
-                    "uuid": "MIG-7e4f3a2b-1c0d-5e6f-8a9b-0c1d2e3f4a5b",
-                    "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                    "memory_total_bytes": 21223178240,
-                    "memory_used_bytes": 4311744512,
-                    "gpu_instance_id": 1,
-                    "compute_instance_id": 0,
-                    "processes": [
-                        {"pid": 61002, "command": "python finetune.py", "memory_bytes": None},
-                    ],
-                },
-            ],
-        },
+        # The MIG-partitioned A100 of the stand-in's default spec.
+        DEFAULT_SPEC["devices"][1],
     ],
 }
