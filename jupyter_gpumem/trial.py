@@ -1,0 +1,398 @@
+"""Trials: run a few training steps under a configuration and measure them as `%%gpumem` would.
+
+:class:`Trial` owns the step, so techniques that need it (fp16 loss scaling) are never a silent
+no-op. Each trial starts from the user's weights and buffers, with no gradients, empty optimizer
+state and the same random state; warms up; measures ``steps`` steps with the same tracker and
+analysis as `%%gpumem` (exact peak, breakdown); then reverts the configuration. After the last
+trial the model, its gradients, the optimizer state, training flags and the random generators
+are as they were before the first, bit for bit.
+
+Known limitations:
+
+- The saved copy lives in host memory; restored gradients and optimizer state are new tensors
+  with the old values (parameters and buffers keep their identity).
+- Step times include the tracker's cost: small with the CUDA allocator trace, large with the CPU
+  stand-in, so CPU timings only compare configurations with each other.
+- Random generators other than Python's, NumPy's and torch's (CPU and CUDA) are not restored.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import random
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.analysis.cell import build_report
+from jupyter_gpumem.report import Report
+from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.techniques import Applied, Config
+
+LossFn = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One configuration's measured steps: plain bytes and seconds, and the full report."""
+
+    config: Config
+    label: str
+    status: str  # "ok", "oom" or "error"
+    error: str | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    breakdown: dict[str, int] | None
+    step_s: float | None  # median of the measured steps
+    step_s_all: tuple[float, ...]
+    warnings: tuple[str, ...]
+    report: Report | None = field(default=None, compare=False, repr=False)
+
+    def to_row(
+        self, baseline: TrialResult | None = None, budget_bytes: int | None = None
+    ) -> dict[str, Any]:
+        """A table row of plain numbers; deltas against ``baseline`` (None where unknown)."""
+        peak, step = self.peak_allocated_bytes, self.step_s
+        base_peak = baseline.peak_allocated_bytes if baseline else None
+        ok = self.status == "ok"
+        fits = None if budget_bytes is None or peak is None else ok and peak <= budget_bytes
+        return {
+            "configuration": self.label,
+            "status": self.status,
+            "peak_bytes": peak,
+            "step_ms": None if step is None else step * 1000,
+            "delta_peak_bytes": None if peak is None or base_peak is None else peak - base_peak,
+            "delta_peak_pct": _pct(peak, base_peak),
+            "delta_step_pct": _pct(step, baseline.step_s if baseline else None),
+            "fits_budget": fits,
+        }
+
+
+def _pct(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else 100 * (value - base) / base
+
+
+class Trial:
+    """Measure training steps of ``model`` under memory-saving configurations.
+
+    ``loss_fn(model, batch)`` runs the forward pass and returns the scalar loss; the trial does
+    the backward pass and the optimizer step. ``device`` (default: the first parameter's) is the
+    device whose peak is reported and that is synchronised around each timed step::
+
+        trial = Trial(model, batch, lambda m, b: m(b).loss, optimizer=opt)
+        base, bf16 = trial.compare([Config(precision="bf16")])
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        batch: Any,
+        loss_fn: LossFn,
+        *,
+        optimizer: Any = None,
+        warmup: int = 2,
+        steps: int = 5,
+        device: Any = None,
+    ) -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn):
+            raise TypeError("loss_fn must be a callable loss_fn(model, batch) -> loss tensor")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}"
+            )
+        for name, value, least in (("warmup", warmup, 0), ("steps", steps, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(
+                    f"{name} must be a whole number of steps >= {least}, got {value!r}"
+                )
+        self.model = model
+        self.batch = batch
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.warmup = warmup
+        self.steps = steps
+        self.device = _device(torch, model, device)
+        self._saved: _Saved | None = None
+
+    def run(self, config: Config) -> TrialResult:
+        """Measure one configuration; the model and optimizer come back unchanged."""
+        with self._preserved():
+            return self._run(config)
+
+    def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
+        """The baseline ``Config()`` first, then each configuration once, all from the same start."""
+        from jupyter_gpumem.techniques import Config
+
+        baseline = Config()
+        ordered = [baseline, *(c for c in dict.fromkeys(configs) if c != baseline)]
+        with self._preserved():
+            return [self._run(c) for c in ordered]
+
+    def _run(self, config: Config) -> TrialResult:
+        from jupyter_gpumem.techniques import apply_config
+
+        assert self._saved is not None
+        self._saved.reset_for_trial()
+        label = str(config)
+        try:
+            applied = apply_config(self.model, config, self.optimizer)
+        except Exception as exc:
+            return _failed(config, label, exc, "applying the configuration", None, self.device, ())
+        try:
+            return self._measure(config, label, applied)
+        finally:
+            applied.revert()  # the state comes back before the next trial and after the last
+
+    def _measure(self, config: Config, label: str, applied: Applied) -> TrialResult:
+        notes = tuple(applied.warnings)
+        for phase, count in (("warm-up", self.warmup), ("measured", self.steps)):
+            report, times, error, step = self._phase(
+                applied, count, label, keep=phase == "measured"
+            )
+            if error is not None:
+                where = f"{phase} step {step + 1} of {count}"
+                return _failed(config, label, error, where, report, self.device, notes)
+        assert report is not None
+        return _result(config, label, report, self.device, times=times, notes=notes)
+
+    def _phase(
+        self, applied: Applied, count: int, label: str, *, keep: bool
+    ) -> tuple[Report | None, list[float], BaseException | None, int]:
+        """Run ``count`` steps under a tracker; the report is built when kept or on failure."""
+        if count == 0:
+            return None, [], None, 0
+        ns = {"model": applied.model, "optimizer": applied.optimizer, "batch": self.batch}
+        tracker = CellTracker(CellOptions(), ns)
+        times: list[float] = []
+        error: BaseException | None = None
+        tracker.start()
+        try:
+            for _ in range(count):
+                times.append(self._timed_step(applied))
+        except Exception as exc:
+            error = exc
+        finally:
+            recording = tracker.stop(error)
+        report = build_report(recording, name=label) if keep or error else None
+        del recording  # holds the error, whose frames hold the step's tensors
+        return report, times, error, len(times)
+
+    def _timed_step(self, applied: Applied) -> float:
+        self._sync()
+        t0 = time.perf_counter()
+        with applied.autocast():
+            loss = self.loss_fn(applied.model, self.batch)
+        applied.backward(loss)
+        applied.step()  # the loss stays alive through the step, as in a usual training loop
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def _preserved(self) -> Iterator[None]:
+        """Save the state once for a run or a comparison; put it back and drop it at the end."""
+        if self._saved is not None:  # nested: the outer call restores
+            yield
+            return
+        self._saved = _Saved(self.model, self.optimizer)
+        try:
+            yield
+        finally:
+            saved, self._saved = self._saved, None
+            saved.restore(final=True)
+
+
+class _Saved:
+    """A host copy of what a trial may change, and how to put it back."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.optimizer = optimizer
+        with torch.no_grad():
+            weights = [*model.parameters(), *model.buffers()]
+            self.tensors = [(t, _Host.of(t).value) for t in weights]
+            self.grads = [
+                (p, p.grad if p.grad is None else _Host.of(p.grad)) for p in model.parameters()
+            ]
+        self.training = [(m, m.training) for m in model.modules()]
+        self.opt_state: list[tuple[Any, dict[str, Any]]] = []
+        self.opt_groups: list[dict[str, Any]] = []
+        if optimizer is not None:
+            for p, state in optimizer.state.items():
+                self.opt_state.append((p, {k: _Host.of(v) for k, v in state.items()}))
+            self.opt_groups = [
+                copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                for g in optimizer.param_groups
+            ]
+        self.rng = _rng_state(torch)
+
+    def reset_for_trial(self) -> None:
+        """The user's weights and random state, with no gradients and no optimizer state."""
+        self.restore()
+        for p in self.model.parameters():
+            p.grad = None
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+        _release(self.torch, collect=False)
+
+    def restore(self, *, final: bool = False) -> None:
+        """Weights, buffers, training flags, hyperparameters and RNG; grads and state when final."""
+        torch = self.torch
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                if t.dtype == saved.dtype and t.shape == saved.shape:
+                    t.copy_(saved)
+                else:
+                    warnings.warn(
+                        f"a {t.dtype} tensor of shape {tuple(t.shape)} was saved as {saved.dtype} "
+                        f"{tuple(saved.shape)}: the configuration did not revert it; restored the "
+                        "saved values",
+                        stacklevel=3,
+                    )
+                    t.data = saved.to(t.device)
+        for module, flag in self.training:
+            module.training = flag
+        if self.optimizer is not None:
+            for group, hyper in zip(self.optimizer.param_groups, self.opt_groups, strict=True):
+                group.update(copy.deepcopy(hyper))
+        _set_rng_state(torch, self.rng)
+        if not final:
+            return
+        for p, grad in self.grads:
+            p.grad = None if grad is None else grad.back()
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+            for p, state in self.opt_state:
+                self.optimizer.state[p] = {k: v.back() for k, v in state.items()}
+        _release(self.torch, collect=True)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _device(torch: Any, model: Any, device: Any) -> Any:
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@dataclass(frozen=True)
+class _Host:
+    """A value saved apart from the original: tensors in host memory with their device."""
+
+    value: Any
+    device: Any = None
+
+    @classmethod
+    def of(cls, value: Any) -> _Host:
+        if isinstance(value, sys.modules["torch"].Tensor):
+            return cls(value.detach().to("cpu", copy=True), value.device)
+        return cls(copy.deepcopy(value))
+
+    def back(self) -> Any:
+        """A fresh copy where the original lived, so the saved value survives repeated restores."""
+        if self.device is None:
+            return copy.deepcopy(self.value)
+        return self.value.to(self.device, copy=True)
+
+
+def _rng_state(torch: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def _set_rng_state(torch: Any, state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+def _release(torch: Any, *, collect: bool) -> None:
+    """Free what a trial left (an OOM's frames included) and empty the cache for a fair start."""
+    if collect:
+        gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _device_report(report: Report, device: Any) -> Any:
+    for d in report.devices:
+        if d.device == str(device):
+            return d
+    return report.main
+
+
+def _failed(
+    config: Config,
+    label: str,
+    error: BaseException,
+    where: str,
+    report: Report | None,
+    device: Any,
+    notes: tuple[str, ...],
+) -> TrialResult:
+    """An out-of-memory or failed trial; its frames are cleared so their tensors can be freed."""
+    status = "oom" if type(error).__name__ == "OutOfMemoryError" else "error"
+    message = f"{type(error).__name__}: {error} ({where})"
+    if error.__traceback__ is not None:
+        traceback.clear_frames(error.__traceback__)
+    _release(sys.modules["torch"], collect=True)
+    return _result(config, label, report, device, notes=notes, status=status, error=message)
+
+
+def _result(
+    config: Config,
+    label: str,
+    report: Report | None,
+    device: Any,
+    *,
+    times: Sequence[float] = (),
+    notes: tuple[str, ...] = (),
+    status: str = "ok",
+    error: str | None = None,
+) -> TrialResult:
+    main = _device_report(report, device) if report is not None else None
+    return TrialResult(
+        config=config,
+        label=label,
+        status=status,
+        error=error,
+        peak_allocated_bytes=main.peak_allocated_bytes if main else None,
+        peak_reserved_bytes=main.peak_reserved_bytes if main else None,
+        breakdown=dict(main.breakdown) if main and main.breakdown is not None else None,
+        step_s=statistics.median(times) if times else None,
+        step_s_all=tuple(times),
+        warnings=(*notes, *(report.warnings if report else ())),
+        report=report,
+    )
