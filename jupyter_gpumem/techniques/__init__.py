@@ -1,0 +1,30 @@
+"""Memory-saving techniques applied to a model in place and reverted exactly (no UI here).
+
+A training step with a configuration applied::
+
+    applied = apply(model, checkpoint="blocks", precision="bf16-autocast",
+                    optimizer="sgd", optimizer_obj=opt)
+    with applied.autocast():
+        loss = model(x).loss
+    applied.backward(loss)
+    applied.step()
+    applied.revert()
+"""
+
+from __future__ import annotations
+
+from jupyter_gpumem.techniques.applied import Applied, apply, apply_config
+from jupyter_gpumem.techniques.checkpointing import blocks, checkpoint_targets
+from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, OPTIMIZERS, PRECISIONS, Config
+
+__all__ = [
+    "CHECKPOINT_HELP",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "Applied",
+    "Config",
+    "apply",
+    "apply_config",
+    "blocks",
+    "checkpoint_targets",
+]

@@ -1,0 +1,108 @@
+"""One configuration of memory-saving techniques, validated when it is made."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PRECISIONS = ("fp32", "tf32", "fp16-autocast", "bf16-autocast", "bf16")
+OPTIMIZERS = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adamw-fused",
+    "adafactor",
+    "adamw-8bit",
+    "lion",
+)
+CHECKPOINT_HELP = (
+    "checkpoint takes 'blocks' (every child of the model's largest nn.ModuleList), "
+    "a regular expression matched against whole qualified module names "
+    r"(e.g. r'transformer\.h\.\d+'), or a tuple of qualified module names "
+    "(e.g. ('encoder.layer.0', 'encoder.layer.1')); every=n keeps every n-th target "
+    "(the 1st, the (n+1)-th, ...)."
+)
+
+
+def check_every(every: object) -> int:
+    """`every` as a positive int, or ValueError."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be a positive int (1 = every target), got {every!r}")
+    return every
+
+
+def check_checkpoint_spec(spec: object) -> str | tuple[str, ...] | None:
+    """The spec in its canonical form (lists become tuples), or ValueError naming the forms."""
+    if spec is None or spec == "blocks":
+        return spec  # type: ignore[return-value]  # narrowed by the comparison
+    if isinstance(spec, str):
+        if not spec:
+            raise ValueError(f"empty checkpoint pattern. {CHECKPOINT_HELP}")
+        try:
+            re.compile(spec)
+        except re.error as exc:
+            raise ValueError(
+                f"checkpoint pattern {spec!r} is not a regex ({exc}). {CHECKPOINT_HELP}"
+            ) from exc
+        return spec
+    if isinstance(spec, (tuple, list)) and spec and all(isinstance(n, str) and n for n in spec):
+        return tuple(spec)
+    raise ValueError(f"bad checkpoint spec {spec!r}. {CHECKPOINT_HELP}")
+
+
+def check_precision(name: object) -> str | None:
+    """The precision name, or ValueError listing PRECISIONS."""
+    if name is not None and name not in PRECISIONS:
+        raise ValueError(
+            f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)} (or None)"
+        )
+    return name  # type: ignore[return-value]  # checked against PRECISIONS
+
+
+def check_optimizer(name: object) -> str | None:
+    """The optimizer name, or ValueError listing OPTIMIZERS."""
+    if name is not None and name not in OPTIMIZERS:
+        raise ValueError(
+            f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)} (or None)"
+        )
+    return name  # type: ignore[return-value]  # checked against OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of techniques; ``str(config)`` is a short label for tables and charts.
+
+    ``None`` everywhere is the baseline: the model as the user built it.
+    """
+
+    checkpoint: str | tuple[str, ...] | None = None  # regex, tuple of names, or "blocks"
+    every: int = 1  # with checkpoint: every n-th matching module
+    precision: str | None = None  # one of PRECISIONS (None = leave as is)
+    optimizer: str | None = None  # one of OPTIMIZERS (None = keep the user's)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
+        check_every(self.every)
+        check_precision(self.precision)
+        check_optimizer(self.optimizer)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.checkpoint is not None:
+            if isinstance(self.checkpoint, tuple):
+                spec = (
+                    ",".join(self.checkpoint)
+                    if len(self.checkpoint) <= 2
+                    else f"{len(self.checkpoint)} modules"
+                )
+            elif self.checkpoint == "blocks":
+                spec = "blocks"
+            else:
+                spec = f"/{self.checkpoint}/"
+            parts.append(f"ckpt {spec}" + (f" every {self.every}" if self.every > 1 else ""))
+        if self.precision is not None:
+            parts.append(self.precision)
+        if self.optimizer is not None:
+            parts.append(self.optimizer)
+        return " · ".join(parts) if parts else "baseline"

@@ -1,0 +1,221 @@
+"""Precision: TF32 switches restored, autocast and loss scaling through the helpers, pure casts
+reverted bit for bit on the same Parameter objects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from jupyter_gpumem.techniques import PRECISIONS, apply
+
+
+def legacy_flags() -> tuple[bool, bool, str]:
+    return (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _flags_untouched() -> Iterator[None]:
+    before = legacy_flags()
+    yield
+    assert legacy_flags() == before
+
+
+def make_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None
+    return p.grad
+
+
+def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def hooks_of(model: nn.Module) -> list[dict[int, object]]:
+    return [
+        dict(getattr(m, a))
+        for m in model.modules()
+        for a in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks")
+    ]
+
+
+def test_pure_bf16_trains_and_reverts_bit_exact() -> None:
+    model = make_model().train()
+    x = torch.randn(4, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(x).sum().backward()
+    opt.step()  # the optimizer has fp32 state, the parameters fp32 grads
+    params = list(model.parameters())
+    grads = [grad_of(p).clone() for p in params]
+    state = {k: v.clone() for k, v in state_of(model).items()}
+    opt_state = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in params}
+    hooks = hooks_of(model)
+
+    applied = apply(model, precision="bf16", optimizer_obj=opt)
+    assert applied.optimizer is opt
+    assert list(model.parameters()) == params and all(
+        a is b for a, b in zip(model.parameters(), params, strict=True)
+    )
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    assert model[1].running_mean.dtype == torch.bfloat16
+    assert model[1].num_batches_tracked.dtype == torch.int64  # integer buffers are left alone
+    assert all(p.grad is None for p in params)
+    assert opt.state[params[0]]["exp_avg"].dtype == torch.bfloat16
+    for _ in range(2):  # fp32 input cast by the root pre-hook; the step works on bf16 state
+        with applied.autocast():
+            out = model(x)
+        assert out.dtype == torch.bfloat16
+        applied.backward(out.float().sum())
+        applied.step()
+    assert not torch.equal(params[0].float(), state["0.weight"])
+
+    applied.revert()
+    after = model.state_dict()
+    assert after.keys() == state.keys()
+    for k, v in state.items():
+        assert after[k].dtype == v.dtype and torch.equal(after[k], v), k
+    assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
+    assert all(torch.equal(grad_of(p), g) for p, g in zip(params, grads, strict=True))
+    for p in params:
+        for k, v in opt_state[id(p)].items():
+            assert opt.state[p][k].dtype == v.dtype and torch.equal(opt.state[p][k], v)
+    assert hooks_of(model) == hooks
+
+
+def test_fp32_casts_a_bf16_model_back_and_turns_tf32_off() -> None:
+    model = make_model().to(torch.bfloat16)
+    state = state_of(model)
+    applied = apply(model, precision="fp32")
+    assert legacy_flags()[:2] == (False, False)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert model(torch.randn(3, 8, dtype=torch.bfloat16)).dtype == torch.float32
+    applied.revert()
+    assert all(
+        torch.equal(model.state_dict()[k], v) and model.state_dict()[k].dtype == v.dtype
+        for k, v in state.items()
+    )
+
+
+def test_fp32_on_an_fp32_model_adds_no_hook() -> None:
+    model = make_model()
+    hooks = hooks_of(model)
+    applied = apply(model, precision="fp32")
+    assert hooks_of(model) == hooks
+    applied.revert()
+
+
+def test_tf32_switches_on_and_back() -> None:
+    model = make_model()
+    applied = apply(model, precision="tf32")
+    assert legacy_flags()[:2] == (True, True)
+    applied.revert()
+    applied.revert()
+
+
+def test_tf32_with_the_new_fp32_precision_api() -> None:
+    """A process that uses backend.fp32_precision keeps using it (mixing the two raises)."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("torch without backend.fp32_precision")
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+        from jupyter_gpumem.techniques import apply
+        b = torch.backends
+        b.cuda.matmul.fp32_precision = "ieee"
+        b.cudnn.conv.fp32_precision = "ieee"
+        before = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision)
+        applied = apply(nn.Linear(2, 2), precision="tf32")
+        assert (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision) == ("tf32", "tf32")
+        applied.revert()
+        after = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision)
+        assert after == before, (after, before)
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_bf16_autocast_is_a_forward_context() -> None:
+    model = make_model()
+    applied = apply(model, precision="bf16-autocast")
+    with applied.autocast():
+        out = model(torch.randn(4, 8))
+    assert out.dtype == torch.bfloat16
+    assert model(torch.randn(4, 8)).dtype == torch.float32  # only inside the context
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    applied.revert()
+
+
+def test_fp16_autocast_works_on_cpu_with_loss_scaling() -> None:
+    """Decision: fp16-autocast is supported on the CPU (CPU fp16 autocast + CPU GradScaler)."""
+    model = make_model()
+    x = torch.randn(4, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    applied = apply(model, precision="fp16-autocast", optimizer_obj=opt)
+    with applied.autocast():
+        out = model(x)
+    assert out.dtype == torch.float16
+    applied.backward(out.float().mean() * 1e-3)  # small enough not to overflow once scaled
+    scaled = grad_of(model.get_parameter("0.weight")).clone()
+    model.zero_grad()
+    with applied.autocast():
+        (model(x).float().mean() * 1e-3).backward()
+    # the scaler's initial scale (fp16 rounding differs between the two)
+    assert torch.allclose(
+        scaled, grad_of(model.get_parameter("0.weight")) * 65536.0, rtol=1e-2, atol=2e-2
+    )
+    model.zero_grad()
+
+    # A step goes through the scaler: with an inf loss the optimizer step is skipped.
+    before = model.get_parameter("0.weight").detach().clone()
+    with applied.autocast():
+        loss = model(x).float().sum() * float("inf")
+    applied.backward(loss)
+    applied.step()
+    assert torch.equal(model.get_parameter("0.weight"), before)
+    assert all(p.grad is None for p in model.parameters())
+    with applied.autocast():
+        loss = model(x).float().mean() * 1e-3
+    applied.backward(loss)
+    applied.step()
+    assert not torch.equal(model.get_parameter("0.weight"), before)
+    applied.revert()
+
+
+def test_fp16_autocast_warns_for_fp16_parameters() -> None:
+    model = make_model().half()
+    with pytest.warns(UserWarning, match="GradScaler cannot unscale fp16"):
+        apply(model, precision="fp16-autocast").revert()
+
+
+@pytest.mark.parametrize("name", ["fp32", "tf32", "bf16"])
+def test_non_autocast_precisions_use_a_null_context(name: str) -> None:
+    model = make_model()
+    applied = apply(model, precision=name)
+    with applied.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    applied.revert()
+
+
+def test_unknown_precision_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError) as err:
+        apply(make_model(), precision="fp8")
+    assert all(name in str(err.value) for name in PRECISIONS)
