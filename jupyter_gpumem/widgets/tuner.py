@@ -1,0 +1,392 @@
+"""`jupyter_gpumem.tune(model, "opt")`: try memory-saving techniques on a model and measure them.
+
+The panel edits one `Config` (checkpointed modules, precision, optimizer). Apply puts it on the
+model and rebinds the user's optimizer variable; Revert restores the model and the original
+optimizer object. Re-run measures the configuration and appends a row: with a `Trial`, the trial
+runs it (after a baseline, once); without one, the tuner re-executes the kernel's last `%%gpumem`
+cell with the configuration applied and reads that cell's report. Every button calls a public
+method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`), so notebooks and tests drive the
+same code; a button never lets an exception escape, it shows the message in the panel.
+
+Known limitations:
+    - Re-running the user's cell under fp16 autocast scales the loss only if the loop calls
+      ``tuner.applied.backward(loss)`` and ``tuner.applied.step()``; the panel says so when the
+      cell does not mention them. Autocast itself is entered around the re-run cell.
+    - The re-run cell is found in the kernel's input history, so it must have run with history
+      stored (as every notebook cell does).
+    - A trial lifts the applied configuration while it runs and applies it afresh afterwards; an
+      optimizer switch then names a new optimizer object, with empty state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ipywidgets as widgets
+
+from jupyter_gpumem import kernel_history as history
+from jupyter_gpumem.analysis.fit import FitChoice, fit_to_budget
+from jupyter_gpumem.report import Report
+from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
+from jupyter_gpumem.trial import Trial, TrialResult
+from jupyter_gpumem.units import parse_size
+from jupyter_gpumem.widgets.tuner_charts import Panel, message_html, rows_text
+
+__all__ = ["Tuner", "tune"]
+
+MAGIC = "%%gpumem"
+FP16_HELP = (
+    "fp16 autocast needs loss scaling, which only happens if the re-run cell calls "
+    "tuner.applied.backward(loss) instead of loss.backward() and tuner.applied.step() instead of "
+    "optimizer.step(); this cell does not, so its loss was not scaled."
+)
+_MISSING = object()
+
+
+class Tuner(widgets.VBox):
+    """A technique-tuner panel bound to ``model`` and the optimizer variable ``optimizer``."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: str = "opt",
+        trial: Trial | None = None,
+        *,
+        budget: str | int | None = None,
+        shell: Any = None,
+    ) -> None:
+        if not optimizer.isidentifier():
+            raise ValueError(f"optimizer is the NAME of your optimizer variable, got {optimizer!r}")
+        if shell is None:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+        self.model, self.optimizer_name, self.trial, self.shell = model, optimizer, trial, shell
+        self.results: list[TrialResult] = []
+        self._applied: Applied | None = None
+        self.budget_bytes: int | None = None
+        self._ns: dict[str, Any] = shell.user_ns if shell is not None else {}
+        self._original: Any = _MISSING
+        self._rebound = False
+        self._busy = False
+        self.panel = self._build_panel()
+        super().__init__(self.panel.children)
+        if budget is not None:
+            self.panel.budget.value = str(budget)  # validated by the observer, like typed input
+            self.set_budget(budget)
+
+    # -- programmatic API: the buttons call these ---------------------------------------------
+    @property
+    def config(self) -> Config:
+        """The configuration the panel shows; ValueError names a bad regex or a conflict."""
+        regex, picked = self.panel.regex.value.strip(), tuple(self.panel.modules.value)
+        chosen = [bool(regex), bool(picked), self.panel.all_blocks.value]
+        if sum(chosen) > 1:
+            raise ValueError(
+                "checkpoint all blocks, the modules picked in the list, or a regex: choose one"
+            )
+        spec = "blocks" if self.panel.all_blocks.value else regex or picked or None
+        return Config(
+            checkpoint=spec,
+            every=self.panel.every.value,
+            precision=self.panel.precision.value,
+            optimizer=self.panel.optimizer.value,
+        )
+
+    def set(self, config: Config) -> None:
+        """Show ``config`` in the panel (nothing is applied until `apply` or `rerun`)."""
+        spec = config.checkpoint
+        names = () if spec is None or isinstance(spec, str) else tuple(spec)
+        unknown = [n for n in names if n not in self._module_names]
+        if unknown:
+            raise ValueError(f"the model has no module named {', '.join(map(repr, unknown))}")
+        with self.hold_trait_notifications():
+            self.panel.all_blocks.value = spec == "blocks"
+            self.panel.modules.value = names
+            self.panel.regex.value = spec if isinstance(spec, str) and spec != "blocks" else ""
+            self.panel.every.value = config.every
+            self.panel.precision.value = config.precision
+            self.panel.optimizer.value = config.optimizer
+
+    @property
+    def applied(self) -> Applied:
+        """The active configuration's step helpers (``autocast``, ``backward``, ``step``) for your loop."""
+        if self._applied is None:
+            self._apply(Config())
+        assert self._applied is not None
+        return self._applied
+
+    def apply(self) -> Applied:
+        """Apply the panel's configuration (reverting any earlier one first)."""
+        return self._apply(self.config)
+
+    def revert(self) -> None:
+        """Undo the applied configuration; the optimizer variable gets its original object back."""
+        applied, self._applied = self._applied, None
+        if applied is not None:
+            applied.revert()
+        if self._rebound:
+            if self._original is _MISSING:
+                self._ns.pop(self.optimizer_name, None)
+            else:
+                self._ns[self.optimizer_name] = self._original
+            self._rebound = False
+        self._original = _MISSING
+
+    def rerun(self) -> TrialResult | Report:
+        """Measure the panel's configuration (after the baseline, once) and append its row.
+
+        Returns the TrialResult, or the new `%%gpumem` report when the user's cell was re-run.
+        """
+        config = self.config
+        result = self._measure_all([config], keep=True)[-1]
+        return result.report if self.trial is None and result.report is not None else result
+
+    def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
+        """Measure each configuration in turn (baseline first if needed); the panel's state is kept."""
+        return self._measure_all(list(configs), keep=False)
+
+    @property
+    def baseline(self) -> TrialResult | None:
+        """The measured baseline (`Config()`), else the first measurement."""
+        base = [r for r in self.results if r.config == Config() and r.status == "ok"]
+        return base[-1] if base else (self.results[0] if self.results else None)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict of plain numbers per measurement, with deltas against the baseline."""
+        base = self.baseline
+        return [
+            {
+                **r.to_row(base, self.budget_bytes),
+                "status": r.status,
+                "error": r.error,
+                "breakdown": dict(r.breakdown) if r.breakdown else None,
+                "warnings": tuple(r.warnings),
+            }
+            for r in self.results
+        ]
+
+    def text(self) -> str:
+        """The results table as fixed-width text."""
+        return rows_text(self.rows)
+
+    def set_budget(self, budget: str | int | None) -> int | None:
+        """Set the memory budget from "12GiB" or bytes; ValueError says what sizes look like."""
+        if budget is None or (isinstance(budget, str) and not budget.strip()):
+            self.budget_bytes = None
+        elif isinstance(budget, int):
+            if budget <= 0:
+                raise ValueError(f"budget must be greater than zero bytes, got {budget}")
+            self.budget_bytes = budget
+        else:
+            self.budget_bytes = parse_size(budget)
+        self._refresh()
+        return self.budget_bytes
+
+    def fit(self, budget: str | int | None = None) -> FitChoice:
+        """The measured configuration that fits the budget at the least step time, shown in the panel."""
+        if budget is not None:
+            self.set_budget(budget)
+        if self.budget_bytes is None:
+            raise ValueError("set a budget first, e.g. tuner.fit('12GiB')")
+        if not self.results:
+            raise ValueError("nothing is measured yet: press Re-run or call tuner.compare([...])")
+        choice = fit_to_budget(self.results, self.budget_bytes, self.baseline)
+        lines = list(choice.reasoning)
+        chosen = [r.config for r in self.results if r.label == choice.chosen]
+        if chosen:
+            self.set(chosen[-1])
+            lines.append("The panel now shows it: press Apply to use it.")
+        self.panel.fit_text.value = "<br>".join(html.escape(line) for line in lines)
+        return choice
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _measure_all(self, configs: list[Config], *, keep: bool) -> list[TrialResult]:
+        if self._busy:
+            raise RuntimeError("the tuner is already measuring (does the re-run cell call it?)")
+        if self.baseline is None and Config() not in configs:
+            configs.insert(0, Config())
+        before = self._applied.config if self._applied is not None else None
+        self._busy = True
+        self.panel.progress.max, self.panel.progress.value = len(configs), 0
+        out: list[TrialResult] = []
+        try:
+            with self._trial_scope():
+                for i, config in enumerate(configs, 1):
+                    self.panel.status.value = f"measuring {i} of {len(configs)}: {config}"
+                    out.append(self._measure(config))
+                    self.results.append(out[-1])
+                    self.panel.progress.value = i
+                    self._refresh()
+            self.panel.status.value = f"measured {len(out)} configuration(s)"
+        finally:
+            self._busy = False
+            if self.trial is None and not keep:
+                self._apply(before or Config())
+        return out
+
+    @contextlib.contextmanager
+    def _trial_scope(self) -> Iterator[None]:
+        """A trial applies its own configurations: lift the panel's one while it runs."""
+        held = None if self.trial is None or self._applied is None else self._applied.config
+        if held is not None:
+            self.revert()
+        try:
+            yield
+        finally:
+            if held is not None:
+                self._apply(held)
+
+    def _measure(self, config: Config) -> TrialResult:
+        if self.trial is not None:
+            return self.trial.run(config)
+        if self._applied is None or self._applied.config != config:
+            self._apply(config)
+        return self._run_cell(config)
+
+    def _apply(self, config: Config) -> Applied:
+        self.revert()
+        current = self._ns.get(self.optimizer_name, _MISSING)
+        applied = apply_config(self.model, config, None if current is _MISSING else current)
+        self._applied = applied
+        if config.optimizer is not None:
+            self._original, self._rebound = current, True
+            self._ns[self.optimizer_name] = applied.optimizer
+        self.panel.say("warning", applied.warnings)
+        return applied
+
+    def _cell_source(self) -> str:
+        """The last `%%gpumem` cell of this kernel's input history."""
+        inputs = getattr(getattr(self.shell, "history_manager", None), "input_hist_raw", [])
+        for source in reversed(inputs):
+            if source.lstrip().startswith(MAGIC):
+                return str(source.lstrip())
+        raise RuntimeError(
+            "no %%gpumem cell has run in this kernel yet: run your training cell under %%gpumem "
+            "once, or pass trial=Trial(model, batch, loss_fn) to tune()"
+        )
+
+    def _run_cell(self, config: Config) -> TrialResult:
+        """Re-execute the last `%%gpumem` cell under ``config`` and read its report."""
+        source = self._cell_source()
+        notes: list[str] = []
+        if config.precision == "fp16-autocast" and not any(
+            w in source for w in ("applied", "scaler")
+        ):
+            notes.append(FP16_HELP)
+            self.panel.say("warning", notes)
+        count = len(history.reports())
+        error: Exception | None = None
+        # The cell as IPython runs it (one run_cell_magic call), so that its report has the
+        # same cell key as the original run.
+        code = compile(self.shell.transform_cell(source), "<gpumem tuner re-run>", "exec")
+        with self.panel.cell_output, self.applied.autocast():
+            try:
+                exec(code, self.shell.user_ns)
+            except Exception as exc:  # the cell's own error: its report says so
+                error = exc
+        made = history.reports()[count:]
+        if not made:
+            raise RuntimeError(f"the %%gpumem cell made no report ({error!r})")
+        return _result(made[-1], config, notes)
+
+    # -- widgets ----------------------------------------------------------------------------
+    def _build_panel(self) -> Panel:
+        first = blocks(self.model)
+        kinds = dict(self.model.named_modules())
+        self._module_names = first + [n for n in kinds if n and n not in first]
+        params = sum(p.numel() for p in self.model.parameters())
+        title = (
+            f"<b>Technique tuner</b>: {html.escape(type(self.model).__name__)}, {params:,} "
+            f"parameters, optimizer variable <code>{html.escape(self.optimizer_name)}</code>"
+        )
+        panel = Panel(
+            title,
+            [(f"{n}  ({type(kinds[n]).__name__})", n) for n in self._module_names],
+            len(first),
+            self.optimizer_name,
+        )
+        actions: dict[str, Callable[[], object]] = {
+            "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,
+        }  # fmt: skip
+        for name, action in actions.items():
+            panel.buttons[name].on_click(self._guard(action))
+        panel.budget.observe(self._on_budget, names="value")
+        return panel
+
+    def _guard(self, action: Callable[[], object]) -> Callable[[Any], None]:
+        """A button callback: run ``action``, show any exception as text in the panel."""
+
+        def callback(_: Any = None) -> None:
+            self.panel.messages.value = ""
+            try:
+                action()
+            except Exception as exc:
+                self.panel.status.value = "failed"
+                self.panel.say("error", [f"{type(exc).__name__}: {exc}"])
+
+        return callback
+
+    def _on_budget(self, change: dict[str, Any]) -> None:
+        try:
+            self.set_budget(change["new"])
+            self.panel.budget_error.value = ""
+        except ValueError as exc:
+            self.panel.budget_error.value = message_html("error", f"budget: {exc}")
+
+    def _refresh(self) -> None:
+        self.panel.show(self.rows)
+
+
+def step_times(report: Report) -> tuple[float, ...]:
+    """Seconds per training step, from the phase bands: start of one step to the next."""
+    bands = report.timeline.bands if report.timeline is not None else ()
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    for b in bands:
+        starts[b.step] = min(starts.get(b.step, b.start_s), b.start_s)
+        ends[b.step] = max(ends.get(b.step, b.end_s), b.end_s)
+    steps = sorted(starts)
+    return tuple(
+        (starts[steps[i + 1]] if i + 1 < len(steps) else ends[s]) - starts[s]
+        for i, s in enumerate(steps)
+    )
+
+
+def _result(report: Report, config: Config, notes: Sequence[str]) -> TrialResult:
+    """A TrialResult read from a `%%gpumem` report; the first step is warm-up when there are more."""
+    steps = step_times(report)
+    timed = steps[1:] if len(steps) > 1 else steps
+    warnings = [*report.warnings, *notes]
+    if not steps:
+        warnings.append("no training steps were recognised: the step time is the cell's wall time")
+    return TrialResult(
+        config=config,
+        label=str(config),
+        status=report.status,
+        error=report.error,
+        peak_allocated_bytes=report.peak_allocated_bytes,
+        peak_reserved_bytes=report.peak_reserved_bytes,
+        breakdown=report.breakdown,
+        step_s=statistics.median(timed) if timed else report.wall_s,
+        step_s_all=steps or (report.wall_s,),
+        warnings=tuple(warnings),
+        report=report,
+    )
+
+
+def tune(
+    model: Any,
+    optimizer: str = "opt",
+    trial: Trial | None = None,
+    *,
+    budget: str | int | None = None,
+    shell: Any = None,
+) -> Tuner:
+    """A technique-tuner panel for ``model``; ``optimizer`` names the user's optimizer variable."""
+    return Tuner(model, optimizer, trial, budget=budget, shell=shell)

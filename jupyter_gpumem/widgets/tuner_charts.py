@@ -1,0 +1,312 @@
+"""The technique tuner's widgets without behaviour: the form, the results table and the charts.
+
+`jupyter_gpumem.widgets.tuner.Tuner` wires the buttons to its methods. A row is the plain dict that `Tuner.rows` returns: bytes as ints, times in ms, percentages as
+floats, ``None`` where a number is unknown. Units are spelled only here, through
+`jupyter_gpumem.units`; every piece of text that reaches HTML is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ipywidgets as widgets
+from bqplot import Axis, Bars, Figure, LinearScale, OrdinalScale, Scatter
+
+from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS
+from jupyter_gpumem.units import format_bytes
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "BreakdownChart",
+    "Panel",
+    "TradeoffChart",
+    "message_html",
+    "rows_html",
+    "rows_text",
+]
+
+Row = Mapping[str, Any]
+
+# The report's categories in the sidebar's order (labextension renderer.tsx CATEGORY_LABELS).
+CATEGORY_COLORS = {
+    "parameters": "#4e79a7",
+    "gradients": "#f28e2b",
+    "optimizer_state": "#e15759",
+    "optimizer_scratch": "#ff9d9a",
+    "activations": "#59a14f",
+    "inputs": "#76b7b2",
+    "other": "#b07aa1",
+    "temporary": "#edc948",
+    "unattributed": "#9c755f",
+    "cache": "#bab0ac",
+    "cuda_context": "#79706e",
+}
+UNKNOWN_COLOR = "#9c9c9c"
+GiB, MiB = 2**30, 2**20
+MESSAGE_COLORS = {
+    "error": "var(--jp-error-color1,#c62828)",
+    "warning": "var(--jp-warn-color0,#e65100)",
+}
+COLUMNS = (
+    "configuration",
+    "peak",
+    "at the peak",
+    "step",
+    "Δ peak",
+    "Δ step",
+    "fits budget",
+    "notes",
+)
+
+
+def _unit(top_bytes: float) -> tuple[str, int]:
+    return ("GiB", GiB) if top_bytes >= GiB else ("MiB", MiB)
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{value:+.0f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def _category_label(key: str) -> str:
+    return key.replace("_", " ")
+
+
+def breakdown_summary(breakdown: Mapping[str, int] | None, top: int = 3) -> str:
+    """The ``top`` largest categories, largest first: ``activations 4.10 GiB, ...``."""
+    if not breakdown:
+        return ""
+    largest = sorted(((n, k) for k, n in breakdown.items() if n > 0), reverse=True)[:top]
+    return ", ".join(f"{_category_label(k)} {format_bytes(n)}" for n, k in largest)
+
+
+def _fits(row: Row) -> str:
+    fits = row.get("fits_budget")
+    return "" if fits is None else "yes" if fits else "no"
+
+
+def _cells(row: Row) -> list[str]:
+    """One row of the table as text cells, in COLUMNS order."""
+    delta_bytes = row.get("delta_peak_bytes")
+    delta_peak = ""
+    if delta_bytes is not None:
+        delta_peak = f"{format_bytes(delta_bytes, signed=True)} {_pct(row.get('delta_peak_pct'))}"
+    notes = [] if row.get("status", "ok") == "ok" else [str(row.get("status"))]
+    notes += [str(n) for n in (row.get("error"), *row.get("warnings", ())) if n]
+    return [
+        str(row.get("configuration", "")),
+        format_bytes(row.get("peak_bytes")),
+        breakdown_summary(row.get("breakdown")),
+        _ms(row.get("step_ms")),
+        delta_peak.strip(),
+        _pct(row.get("delta_step_pct")),
+        _fits(row),
+        "; ".join(notes),
+    ]
+
+
+def rows_text(rows: Sequence[Row]) -> str:
+    """The results as a fixed-width text table (for `print`, logs and executed notebooks)."""
+    table = [list(COLUMNS), *(_cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    right = {1, 3, 4, 5}
+    out = []
+    for line in table:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def rows_html(rows: Sequence[Row]) -> str:
+    """The results as a theme-aware HTML table; all text escaped."""
+    esc = html.escape
+    if not rows:
+        return "<p><em>No measurements yet: press Re-run.</em></p>"
+    pad = "padding:0 .7em"
+    head = "".join(f'<th style="{pad};text-align:left">{esc(c)}</th>' for c in COLUMNS)
+    body = []
+    for row in rows:
+        cells = _cells(row)
+        over = row.get("fits_budget") is False
+        style = ' style="color:var(--jp-error-color1,#c62828)"' if over else ""
+        body.append(
+            f"<tr{style}>" + "".join(f'<td style="{pad}">{esc(c)}</td>' for c in cells) + "</tr>"
+        )
+    table_style = (
+        "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px);"
+        "border-collapse:collapse"
+    )
+    return (
+        f'<table class="jp-gpumem-tuner-results" style="{table_style}">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def _categories(rows: Sequence[Row]) -> list[str]:
+    """Categories with bytes in any row: known ones in the sidebar's order, unknown ones after."""
+    present = {k for r in rows for k, n in (r.get("breakdown") or {}).items() if n}
+    known = [k for k in CATEGORY_COLORS if k in present]
+    return known + sorted(present - set(known))
+
+
+class BreakdownChart:
+    """Stacked bars: what the peak of each configuration was made of."""
+
+    def __init__(self) -> None:
+        self.x = OrdinalScale()
+        self.y = LinearScale(min=0.0)
+        self.bars = Bars(
+            x=[],
+            y=[],
+            scales={"x": self.x, "y": self.y},
+            type="stacked",
+            display_legend=True,
+            padding=0.3,
+        )
+        self.y_axis = Axis(scale=self.y, side="left", tick_format=".3~g")
+        self.figure = Figure(
+            marks=[self.bars],
+            axes=[Axis(scale=self.x, side="bottom"), self.y_axis],
+            title="breakdown at the peak",
+            legend_location="top-right",
+            animation_duration=0,
+            fig_margin={"top": 30, "bottom": 40, "left": 56, "right": 12},
+            layout=widgets.Layout(height="300px", width="50%", min_width="320px"),
+        )
+
+    def update(self, rows: Sequence[Row]) -> None:
+        shown = [r for r in rows if r.get("breakdown")]
+        categories = _categories(shown)
+        top = max((sum((r.get("breakdown") or {}).values()) for r in shown), default=0)
+        unit, scale = _unit(top)
+        with self.bars.hold_sync():
+            self.bars.x = [str(r["configuration"]) for r in shown]
+            self.bars.y = [
+                [(r.get("breakdown") or {}).get(c, 0) / scale for r in shown] for c in categories
+            ]
+            self.bars.labels = [_category_label(c) for c in categories]
+            self.bars.colors = [CATEGORY_COLORS.get(c, UNKNOWN_COLOR) for c in categories]
+        self.y_axis.label = f"memory ({unit})"
+
+
+class TradeoffChart:
+    """Memory saved against step-time cost, one labelled point per configuration."""
+
+    def __init__(self) -> None:
+        self.x = LinearScale()
+        self.y = LinearScale()
+        self.points = Scatter(
+            x=[],
+            y=[],
+            names=[],
+            display_names=True,
+            names_unique=False,
+            scales={"x": self.x, "y": self.y},
+            colors=["#4e79a7"],
+            default_size=48,
+        )
+        self.y_axis = Axis(scale=self.y, side="left", tick_format=".3~g")
+        self.figure = Figure(
+            marks=[self.points],
+            axes=[
+                Axis(scale=self.x, side="bottom", label="step-time cost (%)", tick_format=".3~g"),
+                self.y_axis,
+            ],
+            title="memory saved vs step-time cost",
+            animation_duration=0,
+            fig_margin={"top": 30, "bottom": 40, "left": 56, "right": 24},
+            layout=widgets.Layout(height="300px", width="50%", min_width="320px"),
+        )
+
+    def update(self, rows: Sequence[Row]) -> None:
+        shown = [
+            r
+            for r in rows
+            if r.get("delta_peak_bytes") is not None and r.get("delta_step_pct") is not None
+        ]
+        saved = [-int(r["delta_peak_bytes"]) for r in shown]
+        unit, scale = _unit(max((abs(s) for s in saved), default=0))
+        with self.points.hold_sync():
+            self.points.x = [float(r["delta_step_pct"]) for r in shown]
+            self.points.y = [s / scale for s in saved]
+            self.points.names = [str(r["configuration"]) for r in shown]
+        self.y_axis.label = f"memory saved ({unit})"
+
+
+def message_html(kind: str, text: str) -> str:
+    """One escaped line of panel text, coloured by ``kind`` ("error", "warning" or "info")."""
+    return f'<div style="color:{MESSAGE_COLORS.get(kind, "inherit")}">{html.escape(text)}</div>'
+
+
+class Panel:
+    """The tuner's widgets in their layout: ``children`` goes into the Tuner's VBox."""
+
+    def __init__(
+        self, title_html: str, modules: Sequence[tuple[str, str]], n_blocks: int, optimizer: str
+    ) -> None:
+        self.modules = widgets.SelectMultiple(
+            options=list(modules),
+            rows=8,
+            description="checkpoint",
+            layout=widgets.Layout(width="60%"),
+        )
+        self.all_blocks = widgets.Checkbox(
+            description=f"all {n_blocks} blocks", disabled=not n_blocks, indent=False
+        )
+        self.every = widgets.BoundedIntText(value=1, min=1, max=10**6, description="every n-th")
+        self.regex = widgets.Text(description="or regex", placeholder=r"e.g. h\.\d+")
+        self.precision = widgets.Dropdown(
+            options=[("as is", None), *((p, p) for p in PRECISIONS)], description="precision"
+        )
+        self.optimizer = widgets.Dropdown(
+            options=[(f"as is ({optimizer})", None), *((o, o) for o in OPTIMIZERS)],
+            description="optimizer",
+        )
+        self.budget = widgets.Text(
+            description="budget", placeholder="e.g. 12GiB", continuous_update=False
+        )
+        self.budget_error = widgets.HTML()
+        self.buttons = {
+            name: widgets.Button(description=name, button_style=style)
+            for name, style in (
+                ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"), ("Fit to budget", "info")
+            )
+        }  # fmt: skip
+        self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
+        self.status = widgets.Label("not measured yet")
+        self.messages = widgets.HTML()
+        self.table = widgets.HTML(rows_html([]))
+        self.fit_text = widgets.HTML()
+        self.breakdown, self.tradeoff = BreakdownChart(), TradeoffChart()
+        self.cell_output = widgets.Output()
+        self.children: list[widgets.Widget] = [
+            widgets.HTML(title_html),
+            widgets.HBox([self.modules, widgets.VBox([self.all_blocks, self.every, self.regex])]),
+            widgets.HBox([self.precision, self.optimizer]),
+            widgets.HBox(list(self.buttons.values())),
+            widgets.HBox([self.budget, self.budget_error]),
+            widgets.HBox([self.progress, self.status]),
+            self.messages,
+            self.table,
+            widgets.HBox([self.breakdown.figure, self.tradeoff.figure]),
+            self.fit_text,
+            widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
+        ]
+
+    def say(self, kind: str, lines: Sequence[str]) -> None:
+        """Add lines to the message area."""
+        self.messages.value += "".join(message_html(kind, line) for line in lines)
+
+    def show(self, rows: Sequence[Row]) -> None:
+        """Redraw the table and the charts from ``rows``."""
+        self.table.value = rows_html(rows)
+        self.breakdown.update(rows)
+        self.tradeoff.update(rows)

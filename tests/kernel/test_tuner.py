@@ -1,0 +1,313 @@
+"""The technique tuner driven programmatically and through its buttons in a real IPython shell (CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from torch import nn
+
+from jupyter_gpumem import kernel_history as history
+from jupyter_gpumem.report import Report
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.trial import Trial, TrialResult
+from jupyter_gpumem.units import SIZE_HELP
+from jupyter_gpumem.widgets.tuner import FP16_HELP, Tuner, tune
+from jupyter_gpumem.widgets.tuner_charts import rows_html, rows_text
+
+LOOP = (
+    "%%gpumem --quiet\n"
+    "for _ in range(3):\n"
+    "    loss = model(x).square().mean()\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()"
+)  # no trailing newline, as a notebook cell
+HELPER_LOOP = (
+    "%%gpumem --quiet\n"
+    "for _ in range(3):\n"
+    "    with tuner.applied.autocast():\n"
+    "        loss = model(x).float().square().mean()\n"
+    "    tuner.applied.backward(loss)\n"
+    "    tuner.applied.step()"
+)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(x)
+
+
+class Net(nn.Module):
+    """Blocks in a ModuleList whose activations outweigh the parameters, as in a transformer."""
+
+    def __init__(self, width: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch).square().mean()
+
+
+@pytest.fixture
+def ns(shell: InteractiveShell) -> Iterator[dict[str, Any]]:
+    """model, opt (AdamW) and x in the user namespace; no earlier cell in the input history."""
+    inputs = shell.history_manager
+    assert inputs is not None
+    inputs.input_hist_raw[:] = [""]
+    inputs.input_hist_parsed[:] = [""]
+    torch.manual_seed(0)
+    model = Net()
+    shell.user_ns.update(
+        model=model, opt=torch.optim.AdamW(model.parameters()), x=torch.randn(512, 32)
+    )
+    yield shell.user_ns
+
+
+def _trial_tuner(shell: InteractiveShell, ns: dict[str, Any], **kwargs: Any) -> Tuner:
+    trial = Trial(ns["model"], ns["x"], _loss, optimizer=ns["opt"], warmup=1, steps=2)
+    return tune(ns["model"], "opt", trial=trial, shell=shell, **kwargs)
+
+
+def _run_loop(shell: InteractiveShell, source: str = LOOP) -> Report:
+    result = shell.run_cell(source, store_history=True)
+    assert result.success, result.error_in_exec
+    return history.reports()[-1]
+
+
+def test_trial_rows_carry_numbers_from_real_reports(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    tuner.set(Config(checkpoint="blocks"))
+    result = tuner.rerun()
+    assert isinstance(result, TrialResult) and result.status == "ok"
+    assert [r.label for r in tuner.results] == [
+        "baseline",
+        "ckpt blocks",
+    ]  # baseline measured first
+    rows = tuner.rows
+    for row, r in zip(rows, tuner.results, strict=True):
+        assert r.report is not None and r.report.main is not None
+        assert row["peak_bytes"] == r.report.main.peak_allocated_bytes > 0
+        assert sum(row["breakdown"].values()) == row["peak_bytes"]
+        assert isinstance(row["step_ms"], float) and row["step_ms"] > 0
+    base, ckpt = rows
+    assert base["delta_peak_bytes"] == 0
+    assert ckpt["delta_peak_bytes"] == ckpt["peak_bytes"] - base["peak_bytes"] < 0
+    assert ckpt["breakdown"]["activations"] < base["breakdown"]["activations"]
+    (sgd,) = tuner.compare([Config(optimizer="sgd")])
+    assert sgd.breakdown is not None and sgd.breakdown["optimizer_state"] == 0
+    assert len(tuner.rows) == 3  # the baseline is measured once
+    assert "ckpt blocks" in tuner.text() and "sgd" in tuner.text()
+
+
+def test_rerun_of_the_gpumem_cell_appends_rows_from_its_reports(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    first = _run_loop(shell)
+    tuner = tune(ns["model"], "opt", shell=shell)
+    baseline = tuner.rerun()
+    assert isinstance(baseline, Report) and baseline is history.reports()[-1]
+    assert baseline.cell_key == first.cell_key
+    tuner.set(Config(optimizer="sgd"))
+    report = tuner.rerun()
+    assert isinstance(report, Report) and report is history.reports()[-1]
+    assert isinstance(ns["opt"], torch.optim.SGD)  # re-run applies the configuration
+    base, sgd = tuner.rows
+    assert (base["configuration"], sgd["configuration"]) == ("baseline", "sgd")
+    assert base["peak_bytes"] == baseline.peak_allocated_bytes
+    assert sgd["peak_bytes"] == report.peak_allocated_bytes
+    params = sum(p.numel() for p in ns["model"].parameters())
+    assert base["breakdown"]["optimizer_state"] >= 8 * params  # AdamW: two fp32 moments
+    assert sgd["breakdown"]["optimizer_state"] == 0
+    assert sgd["delta_peak_bytes"] == sgd["peak_bytes"] - base["peak_bytes"] < 0
+    assert sgd["step_ms"] > 0
+
+
+def test_compare_on_the_cell_keeps_the_panel_state(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    _run_loop(shell)
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.set(Config(optimizer="sgd"))
+    applied_opt = tuner.apply().optimizer
+    results = tuner.compare([Config(checkpoint="blocks"), Config(precision="bf16")])
+    assert [r.label for r in results] == ["baseline", "ckpt blocks", "bf16"]
+    assert all(r.status == "ok" and r.peak_allocated_bytes for r in results)
+    assert tuner.applied.config == Config(optimizer="sgd")  # re-applied afterwards
+    assert isinstance(ns["opt"], torch.optim.SGD) and ns["opt"] is not applied_opt
+
+
+def test_optimizer_rebinding_and_revert_restore_the_original_object(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    original, model = ns["opt"], ns["model"]
+    params = [id(p) for p in model.parameters()]
+    tuner = tune(model, "opt", shell=shell)
+    tuner.set(Config(optimizer="sgd-momentum"))
+    applied = tuner.apply()
+    assert ns["opt"] is applied.optimizer and isinstance(ns["opt"], torch.optim.SGD)
+    tuner.panel.optimizer.value = "adam"
+    tuner.panel.buttons["Apply"].click()  # a second apply reverts the first
+    assert type(ns["opt"]) is torch.optim.Adam and ns["opt"] is tuner.applied.optimizer
+    tuner.panel.buttons["Revert"].click()
+    assert ns["opt"] is original
+    assert [id(p) for p in model.parameters()] == params
+    assert tuner.panel.messages.value == ""
+    tuner.set(Config(precision="bf16"))
+    tuner.apply()  # no optimizer change: the variable is left alone
+    assert ns["opt"] is original
+    tuner.revert()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def _result(label: str, peak: int | None, step_s: float | None, status: str = "ok") -> TrialResult:
+    config = Config() if label == "baseline" else Config(optimizer=label)
+    return TrialResult(config, label, status, None, peak, peak, None, step_s, (), ())
+
+
+def test_fit_picks_the_cheapest_fitting_configuration(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.results += [
+        _result("baseline", 10_000, 0.100),
+        _result("adafactor", 5_000, 0.300),  # fits, saves most per ms, but slow
+        _result("sgd", 6_000, 0.150),  # fits at the least step time
+        _result("lion", 7_500, 0.101),  # fast but over budget
+        _result("adam", None, None, status="oom"),
+    ]
+    choice = tuner.fit(7_000)
+    assert (choice.chosen, choice.fits) == ("sgd", True)
+    assert tuner.config == Config(optimizer="sgd")  # shown in the panel, ready to apply
+    assert "Chosen: sgd" in tuner.panel.fit_text.value
+    assert [r["fits_budget"] for r in tuner.rows] == [False, True, True, False, None]
+    tuner.panel.buttons["Fit to budget"].click()
+    assert "Chosen: sgd" in tuner.panel.fit_text.value and tuner.panel.messages.value == ""
+    assert tuner.fit("1 B").chosen is None
+    assert "No measured configuration fits" in tuner.panel.fit_text.value
+
+
+def test_fit_over_real_trials(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = _trial_tuner(shell, ns)
+    tuner.compare([Config(checkpoint="blocks"), Config(optimizer="sgd")])
+    base = tuner.baseline
+    assert base is not None and base.peak_allocated_bytes is not None
+    choice = tuner.fit(base.peak_allocated_bytes - 1)
+    measured = {r.label: (r.peak_allocated_bytes or 0, r.step_s or 0.0) for r in tuner.results}
+    fitting = [label for label, (peak, _) in measured.items() if peak < base.peak_allocated_bytes]
+    assert fitting and choice.chosen == min(fitting, key=lambda label: measured[label][1])
+    assert choice.reasoning[0].startswith("Budget:")
+
+
+def test_bad_budget_text_gives_a_clear_message(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell, budget="12GiB")
+    assert tuner.budget_bytes == 12 * 2**30
+    tuner.panel.budget.value = "lots"
+    assert (
+        "budget: &#x27;lots&#x27; is not " + SIZE_HELP.split(",")[0]
+        in tuner.panel.budget_error.value
+    )
+    assert tuner.budget_bytes == 12 * 2**30  # unchanged
+    tuner.panel.budget.value = "0GiB"
+    assert "greater than zero" in tuner.panel.budget_error.value
+    tuner.panel.budget.value = "512 MiB"
+    assert tuner.panel.budget_error.value == "" and tuner.budget_bytes == 512 * 2**20
+    tuner.panel.budget.value = ""
+    assert tuner.budget_bytes is None
+    with pytest.raises(ValueError, match="set a budget first"):
+        tuner.fit()
+    with pytest.raises(ValueError, match="512MiB, 16GiB"):
+        tune(ns["model"], "opt", shell=shell, budget="12 gigs")
+
+
+def test_table_text_is_escaped(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    def hostile(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        raise ValueError("<script>alert('x')</script> & <b>")
+
+    trial = Trial(ns["model"], ns["x"], hostile, optimizer=ns["opt"], warmup=0, steps=1)
+    tuner = tune(ns["model"], "opt", trial=trial, shell=shell)
+    tuner.rerun()
+    (row,) = tuner.rows
+    assert row["status"] == "error" and "<script>" in row["error"]
+    table = tuner.panel.table.value
+    assert "<script>" not in table and "<b>" not in table
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &lt;b&gt;" in table
+    assert "<script>" in rows_text(tuner.rows)  # plain text stays plain
+    html = rows_html([{"configuration": '<img src=x onerror="1">', "peak_bytes": 1}])
+    assert "<img" not in html and "&lt;img src=x onerror=&quot;1&quot;&gt;" in html
+
+
+def test_button_errors_show_in_the_panel(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.panel.buttons["Re-run"].click()  # no %%gpumem cell and no trial
+    assert "no %%gpumem cell has run in this kernel yet" in tuner.panel.messages.value
+    tuner.panel.regex.value = "blocks\\.(0"
+    tuner.panel.buttons["Apply"].click()
+    assert "is not a regex" in tuner.panel.messages.value
+    tuner.panel.regex.value = "nothing\\.here"
+    tuner.panel.buttons["Apply"].click()
+    assert "matches no module" in tuner.panel.messages.value
+    tuner.panel.all_blocks.value = True
+    tuner.panel.buttons["Apply"].click()
+    assert "choose one" in tuner.panel.messages.value
+    tuner.panel.buttons["Fit to budget"].click()
+    assert "set a budget first" in tuner.panel.messages.value
+    assert tuner.results == [] and tuner.panel.status.value == "failed"
+
+
+def test_fp16_rerun_of_a_plain_loop_says_the_loop_must_call_the_helpers(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    _run_loop(shell)
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.set(Config(precision="fp16-autocast"))
+    tuner.rerun()
+    assert "tuner.applied.backward(loss)" in tuner.panel.messages.value
+    assert FP16_HELP in tuner.rows[-1]["warnings"]
+    shell.user_ns["tuner"] = tuner
+    _run_loop(shell, HELPER_LOOP)  # a loop that calls the helpers
+    tuner.panel.messages.value = ""
+    tuner.rerun()
+    assert tuner.panel.messages.value == ""
+    assert FP16_HELP not in tuner.rows[-1]["warnings"]
+    assert tuner.rows[-1]["status"] == "ok"
+
+
+def test_set_and_config_round_trip_and_the_charts_follow_the_rows(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    assert tuner.panel.modules.options[0][1] == "blocks.0"  # the main ModuleList first
+    for config in (
+        Config(checkpoint="blocks", every=2, precision="bf16-autocast"),
+        Config(checkpoint=("blocks.1", "head"), optimizer="adamw"),
+        Config(checkpoint=r"blocks\.\d+\.mlp"),
+        Config(),
+    ):
+        tuner.set(config)
+        assert tuner.config == config
+    with pytest.raises(ValueError, match=r"no module named 'blocks\.9'"):
+        tuner.set(Config(checkpoint=("blocks.9",)))
+    tuner.compare([Config(optimizer="sgd")])
+    labels = [r["configuration"] for r in tuner.rows]
+    assert list(tuner.panel.breakdown.bars.x) == labels
+    assert list(tuner.panel.tradeoff.points.names) == labels
+    assert tuner.panel.progress.value == tuner.panel.progress.max == 2
