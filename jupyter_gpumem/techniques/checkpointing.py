@@ -167,14 +167,20 @@ def region_warnings(model: nn.Module, targets: list[str]) -> list[str]:
     out = []
     for name in targets:
         region = model.get_submodule(name)
-        for sub_name, sub in region.named_modules():
-            # _BatchNorm is the common base of BatchNorm1d/2d/3d, the lazy ones and SyncBatchNorm.
-            if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
-                full = f"{name}.{sub_name}" if sub_name else name
-                out.append(
-                    f"BatchNorm {full!r} is inside checkpointed region {name!r}: in training its "
-                    "running statistics update twice per step (forward and recompute)"
-                )
+        # _BatchNorm is the common base of BatchNorm1d/2d/3d, the lazy ones and SyncBatchNorm.
+        norms = [
+            f"{name}.{sub_name}" if sub_name else name
+            for sub_name, sub in region.named_modules()
+            if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats
+        ]
+        if norms:
+            shown = ", ".join(repr(n) for n in norms[:3]) + (
+                f" and {len(norms) - 3} more" if len(norms) > 3 else ""
+            )
+            out.append(
+                f"BatchNorm {shown} inside checkpointed region {name!r}: in training their "
+                "running statistics update twice per step (forward and recompute)"
+            )
         share = sum(p.numel() for p in region.parameters()) / total if total else 0.0
         if share > _BIG_REGION:
             out.append(

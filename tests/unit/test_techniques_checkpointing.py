@@ -291,7 +291,7 @@ def test_batchnorm_and_huge_region_warn() -> None:
         applied = apply(model, checkpoint=("1",))
     assert record[0].filename == __file__  # stacklevel points at the caller
     assert len(applied.warnings) == 2
-    assert "BatchNorm '1.1' is inside checkpointed region '1'" in applied.warnings[0]
+    assert "BatchNorm '1.1' inside checkpointed region '1'" in applied.warnings[0]
     assert "running statistics update twice" in applied.warnings[0]
     assert "holds 9" in applied.warnings[1] and "checkpoint its blocks" in applied.warnings[1]
     assert [str(w.message) for w in record] == list(applied.warnings)
