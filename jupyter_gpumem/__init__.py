@@ -9,11 +9,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "history", "load_ipython_extension", "track", "unload_ipython_extension"]
+__all__ = [
+    "Trial",
+    "__version__",
+    "history",
+    "load_ipython_extension",
+    "track",
+    "tune",
+    "unload_ipython_extension",
+]
 
 if TYPE_CHECKING:
     import pandas as pd
     from IPython.core.interactiveshell import InteractiveShell
+
+    from jupyter_gpumem.widgets.tuner import Tuner
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
@@ -45,6 +55,29 @@ def track(obj: Any, name: str | None = None) -> Any:
     from jupyter_gpumem.tracking.namespace import track as _track
 
     return _track(obj, name)
+
+
+def tune(
+    model: Any,
+    optimizer: str = "opt",
+    trial: Any = None,
+    *,
+    budget: str | int | None = None,
+    shell: Any = None,
+) -> Tuner:
+    """A panel to try memory-saving techniques on ``model``; ``optimizer`` names your optimizer variable."""
+    from jupyter_gpumem.widgets.tuner import tune as _tune
+
+    return _tune(model, optimizer, trial, budget=budget, shell=shell)
+
+
+def __getattr__(name: str) -> Any:
+    """``jupyter_gpumem.Trial`` without importing torch at package import."""
+    if name == "Trial":
+        from jupyter_gpumem.trial import Trial
+
+        return Trial
+    raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -74,7 +74,7 @@ def fit_to_budget(
 
     if _measured(baseline) and _fits(baseline, budget_bytes):
         lines.append(
-            f"The baseline {baseline.label} fits: peak {format_bytes(baseline.peak_allocated_bytes)} "
+            f"The baseline{_named(baseline)} fits: peak {format_bytes(baseline.peak_allocated_bytes)} "
             f"<= {budget} at {format_seconds(baseline.step_s)} per step, so nothing needs to change."
         )
         return FitChoice(baseline.label, True, tuple(lines), (baseline.label,))
@@ -82,7 +82,7 @@ def fit_to_budget(
     others = [r for r in measured if r is not baseline and r.label != baseline.label]
     if _measured(baseline):
         lines.append(
-            f"The baseline {baseline.label} does not fit: peak "
+            f"The baseline{_named(baseline)} does not fit: peak "
             f"{format_bytes(baseline.peak_allocated_bytes)}, "
             f"{format_bytes(_over(baseline, budget_bytes))} over, at "
             f"{format_seconds(baseline.step_s)} per step."
@@ -95,7 +95,7 @@ def fit_to_budget(
     else:
         ranked = sorted(others, key=lambda r: (_step(r), _peak(r)))
         lines.append(
-            f"The baseline {baseline.label} has no measurement ({_why_unmeasured(baseline)}), "
+            f"The baseline{_named(baseline)} has no measurement ({_why_unmeasured(baseline)}), "
             "so savings cannot be compared with it; the candidates are ranked by step time:"
         )
         lines.extend(
@@ -206,3 +206,9 @@ def _cost_words(r: Candidate, baseline: Candidate) -> str:
 def _seconds(s: float) -> str:
     """format_seconds for a non-negative difference; sub-microsecond differences read as 0 µs."""
     return format_seconds(max(s, 0.0))
+
+
+def _named(result: object) -> str:
+    """`` (label)`` unless the label already says it is the baseline."""
+    label = str(getattr(result, "label", ""))
+    return "" if label in ("", "baseline") else f" ({label})"

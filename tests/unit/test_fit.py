@@ -35,7 +35,7 @@ def test_baseline_defaults_to_first_and_can_be_given() -> None:
     assert fit_to_budget([small, BASE], 2 * GiB).chosen == "small"
     choice = fit_to_budget([small, BASE], 2 * GiB, baseline=BASE)
     assert choice.chosen == "small"
-    assert "The baseline baseline does not fit" in " ".join(choice.reasoning)
+    assert "The baseline does not fit" in " ".join(choice.reasoning)
 
 
 def test_least_step_time_wins_where_the_greedy_ratio_disagrees() -> None:
@@ -70,7 +70,7 @@ def test_ratio_ranking_is_explained_with_sizes_and_times() -> None:
         choice.reasoning
     )
     assert (
-        "The baseline baseline does not fit: peak 14.0 GiB, 6.00 GiB over, at 187 ms per step."
+        "The baseline does not fit: peak 14.0 GiB, 6.00 GiB over, at 187 ms per step."
         in (choice.reasoning)
     )
 
