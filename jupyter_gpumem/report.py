@@ -252,7 +252,7 @@ def _detail_lines(d: DeviceReport) -> list[str]:
         width = min(48, max(len(t.name or "(unnamed)") for t in alive))
         for t in alive:
             name = t.name or "(unnamed)"
-            name = name if len(name) <= width else name[: width - 1] + "…"
+            name = name if len(name) <= width else "…" + name[-(width - 1) :]  # the end tells them apart
             shape = "x".join(map(str, t.shape)) if t.shape is not None else "?"
             lines.append(
                 f"  {name:<{width}} {shape:>14} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
