@@ -334,10 +334,11 @@ def unload(shell: InteractiveShell) -> None:
     """Remove the magics and every hook the extension installed."""
     if _MAGICS.pop(id(shell), None) is None:
         return
-    table = shell.magics_manager.magics
+    manager = shell.magics_manager
+    assert manager is not None
     for kind in ("line", "cell"):
-        table[kind].pop("gpumem", None)
-    shell.magics_manager.registry.pop("GpuMemMagics", None)
+        manager.magics[kind].pop("gpumem", None)
+    manager.registry.pop("GpuMemMagics", None)
     shell.events.unregister("post_run_cell", _install_guard)
     GUARD.uninstall()
 

@@ -104,7 +104,7 @@ class CellTracker:
         torch = sys.modules.get("torch")
         cuda = torch is not None and torch.cuda.is_available()
         devices: dict[int, DeviceRecording] = {}
-        if cuda and self._session is None and torch.cuda.is_initialized():
+        if torch is not None and cuda and self._session is None and torch.cuda.is_initialized():
             # torch arrived with the cell, so CUDA was not initialised before it.
             self._session = CudaSession(
                 torch,

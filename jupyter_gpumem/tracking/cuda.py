@@ -24,12 +24,9 @@ import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_gpumem.analysis.replay import BlockState, SegmentState, TraceEvent
-
-if TYPE_CHECKING:
-    import torch as torch_module
 
 MAX_ENTRIES = 2_000_000
 _STATES = {"active_allocated": "allocated", "active_awaiting_free": "pending", "inactive": "free"}
@@ -106,7 +103,7 @@ class CudaSession:
 
     def __init__(
         self,
-        torch: torch_module,
+        torch: Any,
         *,
         trace: bool,
         devices: Sequence[int] | None,
