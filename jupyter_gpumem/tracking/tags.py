@@ -114,7 +114,9 @@ class Tagger:
 
     def _pack(self, t: Any) -> Any:
         self._tag(t, "activations", _now_us())
-        return t
+        # Detached: keeping a saved output itself would tie it to its own grad_fn in a cycle
+        # that no collector can break when backward never runs. Autograd restores grad_fn.
+        return t.detach()
 
     def _unpack(self, t: Any) -> Any:
         if self._phase != "backward" and self._depth == 0:

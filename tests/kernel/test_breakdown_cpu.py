@@ -87,3 +87,17 @@ def test_peak_phase_is_forward_for_inference(shell: InteractiveShell) -> None:
     assert r.peak_phase == "forward"
     assert r.breakdown["activations"] == 0
     assert sum(r.breakdown.values()) == r.peak_allocated_bytes
+
+
+def test_tracking_leaves_no_reference_cycle_through_saved_outputs(shell: InteractiveShell) -> None:
+    """A graph built under %%gpumem and dropped without backward is freed at once."""
+    assert shell.run_cell(MLP).success
+    cell = (
+        "%%gpumem --quiet\n"
+        "import weakref\n"
+        "y = model(x).exp()  # exp saves its output\n"
+        "ref = weakref.ref(y)\n"
+        "del y"
+    )
+    assert shell.run_cell(cell).success
+    assert shell.user_ns["ref"]() is None
