@@ -7,48 +7,21 @@ import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { ReactWidget } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { ISegment, StackedBar } from './charts';
+import { breakdownSegments } from './categories';
+import { StackedBar } from './charts';
+import { LargestFreed, LeakHints, OomSection, TensorTable } from './findings';
 import { formatBytes, formatSeconds, unitPreference, Units } from './format';
+import { TimelineChart } from './timeline';
 import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE } from './types';
 
-/** Display order and names of the breakdown categories; unknown ones follow. */
-export const CATEGORY_LABELS: ReadonlyArray<[string, string]> = [
-  ['parameters', 'Parameters'],
-  ['gradients', 'Gradients'],
-  ['optimizer_state', 'Optimizer state'],
-  ['optimizer_scratch', 'Optimizer scratch'],
-  ['activations', 'Activations'],
-  ['inputs', 'Inputs'],
-  ['other', 'Other live tensors'],
-  ['temporary', 'Temporaries'],
-  ['unattributed', 'Unattributed blocks'],
-  ['cache', 'Allocator cache'],
-  ['cuda_context', 'CUDA context']
-];
+export { breakdownSegments, CATEGORY_LABELS } from './categories';
 
-const UNKNOWN_CATEGORY_COLOR = 11;
-
-/** A breakdown as stacked-bar segments, in the fixed category order. */
-export function breakdownSegments(breakdown: Record<string, number>): ISegment[] {
-  const known = new Map(CATEGORY_LABELS);
-  const keys = [
-    ...CATEGORY_LABELS.map(([key]) => key).filter(key => key in breakdown),
-    ...Object.keys(breakdown)
-      .filter(key => !known.has(key))
-      .sort()
-  ];
-  const order = CATEGORY_LABELS.map(([key]) => key);
-  return keys.map(key => ({
-    key,
-    label: known.get(key) ?? key.replace(/_/g, ' '),
-    bytes: breakdown[key],
-    // A category keeps its colour whichever others are present; unknown ones are grey.
-    color: known.has(key) ? order.indexOf(key) : UNKNOWN_CATEGORY_COLOR
-  }));
+function deviceId(device: IReportDevice): string {
+  return device.device ?? `cuda:${device.index}`;
 }
 
 function deviceLabel(device: IReportDevice): string {
-  const id = device.device ?? `cuda:${device.index}`;
+  const id = deviceId(device);
   return device.name ? `${id} · ${device.name}` : id;
 }
 
@@ -122,6 +95,50 @@ function Metric(props: { label: string; value: string; over?: boolean }): JSX.El
   );
 }
 
+/** One device's out-of-memory section, timeline, breakdown at the peak and tensors. */
+function DeviceDetails(props: { device: IReportDevice; units: Units }): JSX.Element {
+  const { device, units } = props;
+  const id = deviceId(device);
+  const alive = device.tensors.filter(t => t.alive);
+  const freed = device.tensors.some(t => !t.alive);
+  return (
+    <>
+      {device.oom && <OomSection oom={device.oom} device={id} units={units} />}
+      {device.timeline && device.timeline.t_s.length > 1 && (
+        <div className="jp-GpuMem-timelineSection">
+          <div className="jp-GpuMem-sectionTitle">Memory over the cell on {id}</div>
+          <TimelineChart
+            timeline={device.timeline}
+            units={units}
+            label={`memory over the cell on ${deviceLabel(device)}`}
+          />
+        </div>
+      )}
+      {device.breakdown && Object.keys(device.breakdown).length ? (
+        <div className="jp-GpuMem-breakdown">
+          <div className="jp-GpuMem-sectionTitle">At the peak on {id}</div>
+          <StackedBar
+            segments={breakdownSegments(device.breakdown)}
+            units={units}
+            label={`breakdown of the peak on ${deviceLabel(device)}`}
+          />
+        </div>
+      ) : null}
+      {(alive.length > 0 || freed) && (
+        <div className="jp-GpuMem-tensors">
+          <div className="jp-GpuMem-sectionTitle">Tensors the cell left alive on {id}</div>
+          {alive.length > 0 ? (
+            <TensorTable tensors={alive} units={units} />
+          ) : (
+            <div className="jp-GpuMem-reportEmpty">None.</div>
+          )}
+          <LargestFreed tensors={device.tensors} units={units} />
+        </div>
+      )}
+    </>
+  );
+}
+
 /** The report as shown under a cell. */
 export function ReportView(props: { report: IReport; units: Units }): JSX.Element {
   const { report, units } = props;
@@ -169,20 +186,14 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
         </div>
       )}
       {report.devices.length > 0 && <DeviceRows devices={report.devices} units={units} />}
-      {report.devices.map(device =>
-        device.breakdown && Object.keys(device.breakdown).length ? (
-          <div className="jp-GpuMem-breakdown" key={`b:${device.device ?? ''}:${device.index}`}>
-            <div className="jp-GpuMem-sectionTitle">
-              At the peak on {device.device ?? `cuda:${device.index}`}
-            </div>
-            <StackedBar
-              segments={breakdownSegments(device.breakdown)}
-              units={units}
-              label={`breakdown of the peak on ${deviceLabel(device)}`}
-            />
-          </div>
-        ) : null
-      )}
+      {report.devices.map(device => (
+        <DeviceDetails
+          key={`d:${deviceId(device)}:${device.index}`}
+          device={device}
+          units={units}
+        />
+      ))}
+      <LeakHints hints={report.leak_hints} units={units} />
       <Messages kind="warning" items={report.warnings} />
       <Messages kind="note" items={report.notes} />
     </div>

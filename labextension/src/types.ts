@@ -1,7 +1,9 @@
 /**
  * The wire formats, mirrored from the Python side:
  * - the live view (`jupyter_gpumem/server/records.py`, `tests/fixtures/sample.json`);
- * - the `%%gpumem` report mime bundle (`tests/fixtures/report.json`).
+ * - the `%%gpumem` report mime bundle (`jupyter_gpumem/report.py` `Report.to_dict()`;
+ *   `tests/fixtures/report.json`, and `tests/fixtures/report_gpu_training_step.json`
+ *   recorded on a GPU with the timeline, tensors and leak hints).
  *
  * Bytes are integers, seconds floats, and an unknown value is `null` (never 0).
  * The parse functions check the shape once at the boundary so that the UI can
@@ -71,6 +73,62 @@ export interface IKernelProcesses {
 /** What a device's memory was made of at the peak (bytes per category). */
 export type IBreakdown = Record<string, number>;
 
+/** A stretch of the cell spent in one phase of one training step (`PhaseBand`). */
+export interface IPhaseBand {
+  /** Seconds since the cell started. */
+  start_s: number;
+  end_s: number;
+  /** forward, backward, optimizer or other. */
+  phase: string;
+  /** 0-based iteration of the training loop. */
+  step: number | null;
+}
+
+/** Allocated and reserved bytes over the cell (`Timeline`); one point per `t_s`. */
+export interface ITimeline {
+  t_s: number[];
+  allocated_bytes: number[];
+  reserved_bytes: number[];
+  bands: IPhaseBand[];
+  peak_t_s: number | null;
+  peak_bytes: number | null;
+}
+
+/** A tensor the cell left alive, or one of the largest it freed (`TensorRecord`). */
+export interface ITensorRecord {
+  name: string | null;
+  /** `null` when unknown; `[]` for a scalar. */
+  shape: number[] | null;
+  dtype: string | null;
+  nbytes: number | null;
+  device: string | null;
+  /** `"cell line 3"` or `"file.py:42"`. */
+  line: string | null;
+  alive: boolean;
+}
+
+/** What was live when the allocator ran out of memory (`OomInfo`). */
+export interface IOomInfo {
+  requested_bytes: number | null;
+  breakdown: IBreakdown | null;
+  /** The breakdown category that dominated. */
+  dominant: string | null;
+  advice: string | null;
+  largest: ITensorRecord[];
+}
+
+/** Memory held for a fixable reason (`LeakHint`). */
+export interface ILeakHint {
+  /** output-cache, traceback, autograd-graph, cycles or growth. */
+  kind: string;
+  /** Bytes held; for "growth", the typical growth per run. */
+  bytes: number | null;
+  message: string;
+  fix: string;
+  /** The holders, e.g. `Out[3]` or variable names. */
+  where: string[];
+}
+
 /** One device of a `%%gpumem` report. */
 export interface IReportDevice {
   device?: string;
@@ -89,6 +147,9 @@ export interface IReportDevice {
   breakdown: IBreakdown | null;
   peak_phase: string | null;
   peak_step: number | null;
+  timeline: ITimeline | null;
+  tensors: ITensorRecord[];
+  oom: IOomInfo | null;
 }
 
 /** The `%%gpumem` report (`application/vnd.jupyter-gpumem.report+json`). */
@@ -108,6 +169,9 @@ export interface IReport {
   notes: string[];
   warnings: string[];
   devices: IReportDevice[];
+  leak_hints: ILeakHint[];
+  /** The same cell re-run has the same key. */
+  cell_key?: string | null;
 }
 
 /** Raised when data on the wire does not have the documented shape. */
@@ -269,6 +333,83 @@ function parseBreakdown(value: unknown, path: string): IBreakdown | null {
   return out;
 }
 
+function numbers(value: unknown, path: string): number[] {
+  if (value === null || value === undefined) {
+    return [];
+  }
+  return array(value, path).map((v, i) => num(v, `${path}[${i}]`));
+}
+
+function parseBand(value: unknown, path: string): IPhaseBand {
+  const o = object(value, path);
+  return {
+    start_s: num(o.start_s, `${path}.start_s`),
+    end_s: num(o.end_s, `${path}.end_s`),
+    phase: optStr(o.phase, `${path}.phase`) ?? 'other',
+    step: optNum(o.step, `${path}.step`)
+  };
+}
+
+function parseTimeline(value: unknown, path: string): ITimeline | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  const o = object(value, path);
+  return {
+    t_s: numbers(o.t_s, `${path}.t_s`),
+    allocated_bytes: numbers(o.allocated_bytes, `${path}.allocated_bytes`),
+    reserved_bytes: numbers(o.reserved_bytes, `${path}.reserved_bytes`),
+    bands: array(o.bands ?? [], `${path}.bands`).map((b, i) =>
+      parseBand(b, `${path}.bands[${i}]`)
+    ),
+    peak_t_s: optNum(o.peak_t_s, `${path}.peak_t_s`),
+    peak_bytes: optNum(o.peak_bytes, `${path}.peak_bytes`)
+  };
+}
+
+function parseTensor(value: unknown, path: string): ITensorRecord {
+  const o = object(value, path);
+  return {
+    name: optStr(o.name, `${path}.name`),
+    shape:
+      o.shape === null || o.shape === undefined ? null : numbers(o.shape, `${path}.shape`),
+    dtype: optStr(o.dtype, `${path}.dtype`),
+    nbytes: optNum(o.nbytes, `${path}.nbytes`),
+    device: optStr(o.device, `${path}.device`),
+    line: optStr(o.line, `${path}.line`),
+    alive: o.alive === true
+  };
+}
+
+function tensors(value: unknown, path: string): ITensorRecord[] {
+  return array(value ?? [], path).map((t, i) => parseTensor(t, `${path}[${i}]`));
+}
+
+function parseOom(value: unknown, path: string): IOomInfo | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  const o = object(value, path);
+  return {
+    requested_bytes: optNum(o.requested_bytes, `${path}.requested_bytes`),
+    breakdown: parseBreakdown(o.breakdown, `${path}.breakdown`),
+    dominant: optStr(o.dominant, `${path}.dominant`),
+    advice: optStr(o.advice, `${path}.advice`),
+    largest: tensors(o.largest, `${path}.largest`)
+  };
+}
+
+function parseLeakHint(value: unknown, path: string): ILeakHint {
+  const o = object(value, path);
+  return {
+    kind: optStr(o.kind, `${path}.kind`) ?? 'leak',
+    bytes: optNum(o.bytes, `${path}.bytes`),
+    message: optStr(o.message, `${path}.message`) ?? '',
+    fix: optStr(o.fix, `${path}.fix`) ?? '',
+    where: strings(o.where, `${path}.where`)
+  };
+}
+
 function parseReportDevice(value: unknown, path: string): IReportDevice {
   const o = object(value, path);
   const opt = (key: string) => optNum(o[key], `${path}.${key}`);
@@ -288,7 +429,10 @@ function parseReportDevice(value: unknown, path: string): IReportDevice {
     non_torch_bytes: opt('non_torch_bytes'),
     breakdown: parseBreakdown(o.breakdown, `${path}.breakdown`),
     peak_phase: optStr(o.peak_phase, `${path}.peak_phase`),
-    peak_step: opt('peak_step')
+    peak_step: opt('peak_step'),
+    timeline: parseTimeline(o.timeline, `${path}.timeline`),
+    tensors: tensors(o.tensors, `${path}.tensors`),
+    oom: parseOom(o.oom, `${path}.oom`)
   };
 }
 
@@ -311,6 +455,10 @@ export function parseReport(value: unknown): IReport {
     warnings: strings(o.warnings, '.warnings'),
     devices: array(o.devices ?? [], '.devices').map((d, i) =>
       parseReportDevice(d, `.devices[${i}]`)
-    )
+    ),
+    leak_hints: array(o.leak_hints ?? [], '.leak_hints').map((h, i) =>
+      parseLeakHint(h, `.leak_hints[${i}]`)
+    ),
+    cell_key: optStr(o.cell_key, '.cell_key')
   };
 }

@@ -62,6 +62,111 @@ describe('ReportView', () => {
   });
 });
 
+describe('ReportView with the timeline, tensors, OOM and leak hints', () => {
+  const GPU = 'report_gpu_training_step.json';
+
+  it('shows every part of the report recorded on the GPU machine', () => {
+    const host = render(<ReportView report={parseReport(fixture(GPU))} units="GiB" />);
+    const text = host.textContent ?? '';
+    expect(text).toContain('cuda:0 · NVIDIA H200');
+    expect(text).toContain('Memory over the cell on cuda:0');
+    expect(host.querySelectorAll('path.jp-GpuMem-series')).toHaveLength(2);
+    expect(host.querySelectorAll('circle.jp-GpuMem-timelinePeak')).toHaveLength(1);
+    expect(text).toContain('peak 782 MiB at 0.6 ms');
+    expect(text).toContain('At the peak on cuda:0');
+    expect(text).toContain('Tensors the cell left alive on cuda:0');
+    expect(host.querySelectorAll('tr.jp-GpuMem-tensor')).toHaveLength(10);
+    expect(text).toContain('Largest freed: 16 MiB from cell line 7');
+    // No OOM and no leak hints in this recording.
+    expect(host.querySelector('.jp-GpuMem-oom')).toBeNull();
+    expect(host.querySelector('.jp-GpuMem-leaks')).toBeNull();
+    // The sections come in a fixed order: timeline, breakdown, tensors.
+    const order = Array.from(host.querySelectorAll('.jp-GpuMem-sectionTitle')).map(
+      e => e.textContent
+    );
+    expect(order).toEqual([
+      'Memory over the cell on cuda:0',
+      'At the peak on cuda:0',
+      'Tensors the cell left alive on cuda:0'
+    ]);
+  });
+
+  it('shows an OOM section and leak hints when the report has them', () => {
+    const raw = fixture(GPU);
+    raw.status = 'oom';
+    raw.devices[0].oom = {
+      requested_bytes: 2 ** 30,
+      breakdown: raw.devices[0].breakdown,
+      dominant: 'temporary',
+      advice: 'a smaller batch, or chunking the largest operation',
+      largest: raw.devices[0].tensors.slice(0, 2)
+    };
+    raw.leak_hints = [
+      {
+        kind: 'traceback',
+        bytes: 3 * 2 ** 20,
+        message: 'The last traceback holds 3 MiB of tensors.',
+        fix: 'Run `%gpumem free`.',
+        where: ['sys.last_traceback']
+      }
+    ];
+    const host = render(<ReportView report={parseReport(raw)} units="GiB" />);
+    const text = host.textContent ?? '';
+    expect(host.querySelector('.jp-GpuMem-status.jp-mod-bad')?.textContent).toBe('oom');
+    expect(text).toContain('Out of memory on cuda:0, asking for 1 GiB');
+    expect(text).toContain('Most of what was live: Temporaries (454 MiB)');
+    expect(text).toContain('Try: a smaller batch, or chunking the largest operation');
+    expect(host.querySelectorAll('.jp-GpuMem-oom tr.jp-GpuMem-tensor')).toHaveLength(2);
+    expect(text).toContain('The last traceback holds 3 MiB of tensors.');
+    expect(text).toContain('Fix: Run `%gpumem free`.');
+  });
+
+  it('leaves the new sections out for the older fixture, which lacks their fields', () => {
+    const host = render(<ReportView report={parseReport(fixture('report.json'))} units="GiB" />);
+    expect(host.querySelector('.jp-GpuMem-timeline')).toBeNull();
+    expect(host.querySelector('.jp-GpuMem-tensors')).toBeNull();
+    expect(host.querySelector('.jp-GpuMem-oom')).toBeNull();
+    expect(host.querySelector('.jp-GpuMem-leaks')).toBeNull();
+    expect(host.querySelectorAll('.jp-GpuMem-stackedBar')).toHaveLength(1);
+  });
+
+  it('renders hostile tensor names, leak messages and phases as text, never as HTML', () => {
+    const raw = fixture(GPU);
+    const device = raw.devices[0];
+    for (const t of device.tensors) {
+      t.name = HOSTILE;
+      t.line = HOSTILE;
+    }
+    device.tensors[0].dtype = HOSTILE;
+    device.timeline.bands[0].phase = HOSTILE;
+    device.peak_phase = HOSTILE;
+    device.oom = {
+      requested_bytes: 1,
+      breakdown: { [HOSTILE]: 1 },
+      dominant: HOSTILE,
+      advice: HOSTILE,
+      largest: [device.tensors[0]]
+    };
+    raw.leak_hints = [
+      { kind: HOSTILE, bytes: 1, message: HOSTILE, fix: HOSTILE, where: [HOSTILE] }
+    ];
+    const before = document.querySelectorAll('img, script').length;
+    const host = render(<ReportView report={parseReport(raw)} units="GiB" />);
+    expect(host.querySelector('img, script, [onerror]')).toBeNull();
+    expect(document.querySelectorAll('img, script').length).toBe(before);
+    // Only the hint's own elements: message, kind, bytes, fix, its label, holders, one code.
+    const leak = host.querySelector('.jp-GpuMem-leak');
+    expect(leak?.querySelectorAll('*').length).toBe(7);
+    const names = host.querySelectorAll('.jp-GpuMem-tensors td.jp-GpuMem-tensorName');
+    expect(names).toHaveLength(10);
+    for (const td of Array.from(names)) {
+      expect(td.textContent).toBe(HOSTILE);
+      expect(td.getAttribute('title')).toBe(HOSTILE);
+    }
+    expect(host.querySelector('.jp-GpuMem-leakMessage')?.textContent).toContain(HOSTILE);
+  });
+});
+
 describe('breakdownSegments', () => {
   it('keeps the category order and colour, unknown categories last and grey', () => {
     const segments = breakdownSegments({ zeta: 1, activations: 5, parameters: 2 });

@@ -79,6 +79,98 @@ describe('parseReport', () => {
     expect(device.peak_step).toBe(2);
   });
 
+  it('reads the timeline, tensors and cell key of the report recorded on a GPU', () => {
+    const report = parseReport(fixture('report_gpu_training_step.json'));
+    expect(report.cell_key).toBe('d0903eadb8517789');
+    expect(report.leak_hints).toEqual([]);
+    const device = report.devices[0];
+    expect(device.name).toBe('NVIDIA H200');
+    expect(device.oom).toBeNull();
+    const timeline = device.timeline!;
+    expect(timeline.t_s).toHaveLength(512);
+    expect(timeline.allocated_bytes).toHaveLength(512);
+    expect(timeline.reserved_bytes).toHaveLength(512);
+    expect(timeline.bands).toHaveLength(9);
+    expect(timeline.bands[0]).toEqual({
+      start_s: 0.000138,
+      end_s: 0.000526,
+      phase: 'forward',
+      step: 0
+    });
+    expect(timeline.peak_bytes).toBe(820098048);
+    expect(timeline.peak_t_s).toBeCloseTo(0.000603);
+    expect(device.tensors).toHaveLength(20);
+    expect(device.tensors.filter(t => t.alive)).toHaveLength(10);
+    expect(device.tensors[0]).toEqual({
+      name: "opt.state[model.0.weight]['exp_avg']",
+      shape: [4096, 1024],
+      dtype: 'float32',
+      nbytes: 16777216,
+      device: 'cuda:0',
+      line: 'cell line 7',
+      alive: true
+    });
+    expect(device.tensors[9].shape).toEqual([]);
+    expect(device.tensors[19]).toMatchObject({ name: null, shape: null, alive: false });
+  });
+
+  it('gives the older report fixture empty defaults for the newer fields', () => {
+    const report = parseReport(fixture('report.json'));
+    expect(report.leak_hints).toEqual([]);
+    expect(report.cell_key).toBeNull();
+    expect(report.devices[0].timeline).toBeNull();
+    expect(report.devices[0].tensors).toEqual([]);
+    expect(report.devices[0].oom).toBeNull();
+  });
+
+  it('reads OOM info and leak hints, with defaults for what they omit', () => {
+    const report = parseReport({
+      status: 'oom',
+      devices: [
+        {
+          index: 0,
+          oom: { requested_bytes: 1024, dominant: 'activations', largest: [{ nbytes: 8 }] },
+          timeline: { t_s: [0, 1], allocated_bytes: [1, 2] }
+        }
+      ],
+      leak_hints: [{ kind: 'growth', message: 'grows' }]
+    });
+    const oom = report.devices[0].oom!;
+    expect(oom.requested_bytes).toBe(1024);
+    expect(oom.breakdown).toBeNull();
+    expect(oom.advice).toBeNull();
+    expect(oom.largest[0]).toEqual({
+      name: null,
+      shape: null,
+      dtype: null,
+      nbytes: 8,
+      device: null,
+      line: null,
+      alive: false
+    });
+    const timeline = report.devices[0].timeline!;
+    expect(timeline.reserved_bytes).toEqual([]);
+    expect(timeline.bands).toEqual([]);
+    expect(timeline.peak_bytes).toBeNull();
+    expect(report.leak_hints[0]).toEqual({
+      kind: 'growth',
+      bytes: null,
+      message: 'grows',
+      fix: '',
+      where: []
+    });
+  });
+
+  it('names the path of a malformed new field', () => {
+    const raw = fixture('report_gpu_training_step.json');
+    raw.devices[0].timeline.allocated_bytes[3] = 'lots';
+    expect(() => parseReport(raw)).toThrow('.devices[0].timeline.allocated_bytes[3]');
+    const raw2 = fixture('report_gpu_training_step.json');
+    raw2.devices[0].tensors[2].shape = '4096x1024';
+    expect(() => parseReport(raw2)).toThrow('.devices[0].tensors[2].shape');
+    expect(() => parseReport({ status: 'ok', leak_hints: {} })).toThrow('.leak_hints');
+  });
+
   it('is lenient about optional fields', () => {
     const report = parseReport({
       name: null,

@@ -97,6 +97,64 @@ function reportNotebook(): string {
   });
 }
 
+/** The report recorded on the GPU machine, and the same cell as if it had run out of memory. */
+function gpuNotebook(): string {
+  const recorded = fixture('report_gpu_training_step.json');
+  const oom = fixture('report_gpu_training_step.json');
+  oom.id = 'oom-2';
+  oom.name = 'bigger batch';
+  oom.execution_count = 2;
+  oom.status = 'oom';
+  oom.error = 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.';
+  const device = oom.devices[0];
+  device.oom = {
+    requested_bytes: 2 * GiB,
+    breakdown: device.breakdown,
+    dominant: 'temporary',
+    advice: 'a smaller batch, or chunking the largest operation',
+    largest: device.tensors.filter((t: any) => t.alive).slice(0, 3)
+  };
+  device.timeline = null;
+  device.tensors = [];
+  oom.leak_hints = [
+    {
+      kind: 'traceback',
+      bytes: 48 * 2 ** 20,
+      message: 'The last traceback keeps 48 MiB of tensors alive.',
+      fix: 'Run `%gpumem free` (or `del sys.last_traceback`).',
+      where: ['sys.last_traceback']
+    },
+    {
+      kind: 'output-cache',
+      bytes: 16 * 2 ** 20,
+      message: XSS,
+      fix: XSS,
+      where: ['Out[1]', '_']
+    }
+  ];
+  const code = (id: string, source: string, report: any) => ({
+    cell_type: 'code',
+    id,
+    execution_count: report.execution_count,
+    metadata: {},
+    source,
+    outputs: [
+      { output_type: 'display_data', metadata: {}, data: { [REPORT_MIME]: report } }
+    ]
+  });
+  return JSON.stringify({
+    nbformat: 4,
+    nbformat_minor: 5,
+    metadata: {
+      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
+    },
+    cells: [
+      code('recorded', '%%gpumem\nfor step in range(3):\n    train_step(x)', recorded),
+      code('oom', '%%gpumem --name "bigger batch"\ntrain_step(torch.cat([x] * 64))', oom)
+    ]
+  });
+}
+
 test.describe('jupyter-gpumem', () => {
   test('the sidebar shows a card per GPU of the stand-in, process names as text', async ({
     page
@@ -253,6 +311,71 @@ test.describe('jupyter-gpumem', () => {
     await page.theme.setDarkTheme();
     await expect(views).toHaveCount(3);
     await shot(page, 'notebook-reports-dark');
+    await page.theme.setLightTheme();
+  });
+
+  test('a report recorded on a GPU shows its timeline, tensors, OOM and leak hints', async ({
+    page,
+    tmpPath
+  }) => {
+    const dialogs: string[] = [];
+    page.on('dialog', async dialog => {
+      dialogs.push(dialog.message());
+      await dialog.dismiss();
+    });
+    const name = 'gpu-report.ipynb';
+    await page.contents.uploadContent(gpuNotebook(), 'text', `${tmpPath}/${name}`);
+    await page.notebook.openByPath(`${tmpPath}/${name}`);
+    await page.notebook.activate(name);
+
+    const views = page.locator('.jp-Notebook .jp-GpuMem-reportView');
+    await expect(views).toHaveCount(2);
+    const recorded = views.nth(0);
+    await expect(recorded).toContainText('cuda:0 · NVIDIA H200');
+    await expect(recorded).toContainText('Memory over the cell on cuda:0');
+    await expect(recorded.locator('path.jp-GpuMem-series')).toHaveCount(2);
+    await expect(recorded.locator('rect.jp-GpuMem-band')).toHaveCount(9);
+    await expect(recorded.locator('circle.jp-GpuMem-timelinePeak')).toHaveCount(1);
+    await expect(recorded.locator('.jp-GpuMem-timelinePeakLabel')).toHaveText(
+      'peak 782 MiB at 0.6 ms'
+    );
+    await expect(recorded).toContainText('Tensors the cell left alive on cuda:0');
+    await expect(recorded.locator('tr.jp-GpuMem-tensor')).toHaveCount(10);
+    await expect(recorded.locator('tr.jp-GpuMem-tensor').nth(0)).toContainText('4096×1024');
+    await expect(recorded).toContainText('Largest freed: 16 MiB from cell line 7');
+
+    // The chart fills the output's width and the peak's dot lies on the allocated line.
+    const svg = await recorded.locator('svg.jp-GpuMem-timelineSvg').boundingBox();
+    expect(svg?.width ?? 0).toBeGreaterThan(500);
+    expect(svg?.height ?? 0).toBeGreaterThan(90);
+    const line = await recorded.locator('path.jp-mod-allocated').boundingBox();
+    const dot = await recorded.locator('circle.jp-GpuMem-timelinePeak').boundingBox();
+    expect(line && dot).toBeTruthy();
+    expect(Math.abs(dot!.y + dot!.height / 2 - line!.y)).toBeLessThan(3);
+
+    const oom = views.nth(1);
+    await expect(oom.locator('.jp-GpuMem-oom')).toContainText(
+      'Out of memory on cuda:0, asking for 2 GiB'
+    );
+    await expect(oom.locator('.jp-GpuMem-oom')).toContainText('Most of what was live: Temporaries');
+    await expect(oom.locator('.jp-GpuMem-oom tr.jp-GpuMem-tensor')).toHaveCount(3);
+    await expect(oom.locator('li.jp-GpuMem-leak')).toHaveCount(2);
+    await expect(oom.locator('.jp-GpuMem-leakMessage', { hasText: XSS })).toHaveCount(1);
+    await expect(page.locator('.jp-Notebook .jp-GpuMem-report img')).toHaveCount(0);
+    expect(dialogs).toEqual([]);
+
+    fs.mkdirSync(SHOTS, { recursive: true });
+    await page.sidebar.close('left');
+    for (const theme of ['light', 'dark'] as const) {
+      if (theme === 'dark') {
+        await page.theme.setDarkTheme();
+        await expect(views).toHaveCount(2);
+      }
+      await recorded.scrollIntoViewIfNeeded();
+      await recorded.screenshot({ path: path.join(SHOTS, `report-gpu-${theme}.png`) });
+      await oom.scrollIntoViewIfNeeded();
+      await oom.screenshot({ path: path.join(SHOTS, `report-oom-${theme}.png`) });
+    }
     await page.theme.setLightTheme();
   });
 

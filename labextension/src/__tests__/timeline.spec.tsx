@@ -1,0 +1,129 @@
+import * as React from 'react';
+
+import { peakText, seriesPath, TimelineChart, timelineScale } from '../timeline';
+import { ITimeline, parseReport } from '../types';
+import { fixture, render } from './helpers';
+
+const GPU = 'report_gpu_training_step.json';
+
+function gpuTimeline(): ITimeline {
+  const timeline = parseReport(fixture(GPU)).devices[0].timeline;
+  expect(timeline).not.toBeNull();
+  return timeline as ITimeline;
+}
+
+describe('timelineScale', () => {
+  it('spans the recorded cell and keeps the kernel’s peak', () => {
+    const scale = timelineScale(gpuTimeline());
+    expect(scale.end_s).toBeCloseTo(0.007307);
+    expect(scale.top_bytes).toBe(3386900480); // reserved is the largest series
+    expect(scale.peak_bytes).toBe(820098048);
+    expect(scale.peak_t_s).toBeCloseTo(0.000603);
+  });
+
+  it('finds the peak itself when the kernel did not say', () => {
+    const scale = timelineScale({
+      t_s: [0, 1, 2],
+      allocated_bytes: [1, 5, 2],
+      reserved_bytes: [],
+      bands: [],
+      peak_t_s: null,
+      peak_bytes: null
+    });
+    expect(scale.peak_t_s).toBe(1);
+    expect(scale.peak_bytes).toBe(5);
+    expect(scale.end_s).toBe(2);
+  });
+});
+
+describe('seriesPath', () => {
+  it('has one point per sample, in the stretched viewBox', () => {
+    const timeline = gpuTimeline();
+    const path = seriesPath(timeline.t_s, timeline.allocated_bytes, timelineScale(timeline));
+    expect(path.startsWith('M0.00,')).toBe(true);
+    expect(path.split(' L')).toHaveLength(timeline.t_s.length);
+    expect(path.endsWith(' L1000.00,' + path.split(',').pop())).toBe(true);
+  });
+
+  it('stops at the shorter of two mismatched arrays', () => {
+    const scale = { end_s: 2, top_bytes: 10, peak_t_s: 0, peak_bytes: 0 };
+    expect(seriesPath([0, 1, 2], [0, 10], scale).split(' L')).toHaveLength(2);
+    expect(seriesPath([], [], scale)).toBe('');
+  });
+});
+
+describe('TimelineChart', () => {
+  it('draws a path per series, the phase bands and a marker at the peak', () => {
+    const timeline = gpuTimeline();
+    const host = render(<TimelineChart timeline={timeline} units="GiB" label="cell" />);
+    const svg = host.querySelector('svg.jp-GpuMem-timelineSvg');
+    expect(svg).not.toBeNull();
+    const paths = host.querySelectorAll('path.jp-GpuMem-series');
+    expect(Array.from(paths).map(p => p.getAttribute('data-series'))).toEqual([
+      'reserved',
+      'allocated'
+    ]);
+    for (const p of Array.from(paths)) {
+      expect(p.getAttribute('d')?.split(' L')).toHaveLength(512);
+    }
+    // One translucent band per phase of each of the three steps.
+    const bands = host.querySelectorAll('rect.jp-GpuMem-band');
+    expect(bands).toHaveLength(9);
+    expect(Array.from(bands).map(b => b.getAttribute('data-phase')).slice(0, 3)).toEqual([
+      'forward',
+      'backward',
+      'optimizer'
+    ]);
+    // Bands share the breakdown colours: forward/activations, backward/gradients, optimizer/state.
+    expect(bands[0].getAttribute('class')).toContain('jp-GpuMem-seg-4');
+    expect(bands[1].getAttribute('class')).toContain('jp-GpuMem-seg-1');
+    expect(bands[2].getAttribute('class')).toContain('jp-GpuMem-seg-2');
+
+    const peak = host.querySelectorAll('circle.jp-GpuMem-timelinePeak');
+    expect(peak).toHaveLength(1);
+    const scale = timelineScale(timeline);
+    const cx = parseFloat(peak[0].getAttribute('cx') ?? '');
+    const cy = parseFloat(peak[0].getAttribute('cy') ?? '');
+    expect(cx).toBeCloseTo((scale.peak_t_s / scale.end_s) * 100, 1);
+    expect(cy).toBeCloseTo(100 - (scale.peak_bytes / (scale.top_bytes * 1.08)) * 100, 1);
+    expect(host.querySelector('.jp-GpuMem-timelinePeakLabel')?.textContent).toBe(
+      'peak 782 MiB at 0.6 ms'
+    );
+    expect(peakText(scale, 'GB')).toBe('peak 820 MB at 0.6 ms');
+
+    // Axis labels come from the one bytes formatter; the legend names what is drawn.
+    expect(host.querySelector('.jp-GpuMem-timelineYAxis')?.textContent).toBe('3.15 GiB0 B');
+    expect(host.querySelector('.jp-GpuMem-timelineXAxis')?.textContent).toBe('07.31 ms');
+    expect(host.querySelector('.jp-GpuMem-timelineLegend')?.textContent).toBe(
+      'ReservedAllocatedForwardBackwardOptimizer'
+    );
+  });
+
+  it('draws nothing for fewer than two points', () => {
+    const host = render(
+      <TimelineChart
+        timeline={{
+          t_s: [0],
+          allocated_bytes: [1],
+          reserved_bytes: [1],
+          bands: [],
+          peak_t_s: 0,
+          peak_bytes: 1
+        }}
+        units="GiB"
+        label="cell"
+      />
+    );
+    expect(host.querySelector('svg')).toBeNull();
+  });
+
+  it('renders a hostile phase name as text in the band tooltip', () => {
+    const timeline = gpuTimeline();
+    timeline.bands[0].phase = '<img src=x onerror=alert(1)>';
+    const host = render(<TimelineChart timeline={timeline} units="GiB" label="cell" />);
+    expect(host.querySelector('img')).toBeNull();
+    const band = host.querySelector('rect.jp-GpuMem-band');
+    expect(band?.getAttribute('data-phase')).toBe('other');
+    expect(band?.textContent).toBe('<img src=x onerror=alert(1)>, step 0');
+  });
+});
