@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from jupyter_gpumem.analysis.attribution import attribute
+from jupyter_gpumem.analysis.attribution import Attribution, attribute
 from jupyter_gpumem.analysis.peaks import device_peaks
-from jupyter_gpumem.analysis.replay import ALLOCATED, Live, replay_exact
+from jupyter_gpumem.analysis.replay import ALLOCATED, Live, Replay, TraceEvent, replay_exact
 from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.tracking.cell import CellRecording
 from jupyter_gpumem.tracking.cuda import DeviceRecording
@@ -40,17 +41,8 @@ def build_report(
         nvml = (process_bytes or {}).get(index)
         found = None
         if peaks.replay is not None:
-            found = attribute(
-                peaks.replay,
-                drec.events,
-                _start_blocks(drec),
-                tags=rec.tags,
-                marks=rec.marks,
-                named=rec.named,
-                device=f"cuda:{index}",
-                started_at_us=int(rec.started_at * 1e6),
-                cell=cell,
-                top=top,
+            found = _attribute(
+                rec, peaks.replay, drec.events, _start_blocks(drec), f"cuda:{index}", cell, top
             )
         devices.append(
             DeviceReport(
@@ -68,12 +60,7 @@ def build_report(
                 nvml_process_bytes=nvml,
                 non_torch_bytes=None if nvml is None else max(0, nvml - drec.reserved_after),
                 source=peaks.source,
-                breakdown=found.breakdown if found and rec.tags else None,
-                peak_phase=found.peak_phase if found else None,
-                peak_step=found.peak_step if found else None,
-                timeline=found.timeline if found else None,
-                tensors=found.tensors if found else (),
-                oom=found.oom if found else None,
+                **_found_fields(found, tagged=bool(rec.tags)),
             )
         )
     if rec.cpu_events is not None:
@@ -121,18 +108,7 @@ def _cpu_device(
     events = rec.cpu_events or ()
     start = tuple(Live(a, n, n, -1) for a, n in rec.cpu_start)
     replay = replay_exact(events, start=start)
-    found = attribute(
-        replay,
-        events,
-        start,
-        tags=rec.tags,
-        marks=rec.marks,
-        named=rec.named,
-        device="cpu",
-        started_at_us=int(rec.started_at * 1e6),
-        cell=cell,
-        top=top,
-    )
+    found = _attribute(rec, replay, events, start, "cpu", cell, top)
     note = None if replay.exact else f"cpu: the tensor trace is incomplete ({replay.reason})"
     report = DeviceReport(
         device="cpu",
@@ -149,14 +125,46 @@ def _cpu_device(
         nvml_process_bytes=None,
         non_torch_bytes=None,
         source="cpu-dispatch",
-        breakdown=found.breakdown,
-        peak_phase=found.peak_phase,
-        peak_step=found.peak_step,
-        timeline=found.timeline,
-        tensors=found.tensors,
-        oom=found.oom,
+        **_found_fields(found, tagged=bool(rec.tags)),
     )
     return report, note
+
+
+def _attribute(
+    rec: CellRecording,
+    replay: Replay,
+    events: Sequence[TraceEvent],
+    start: Sequence[Live],
+    device: str,
+    cell: tuple[str, int] | None,
+    top: int,
+) -> Attribution:
+    return attribute(
+        replay,
+        events,
+        start,
+        tags=rec.tags,
+        marks=rec.marks,
+        named=rec.named,
+        device=device,
+        started_at_us=int(rec.started_at * 1e6),
+        cell=cell,
+        top=top,
+    )
+
+
+def _found_fields(found: Attribution | None, *, tagged: bool) -> dict[str, Any]:
+    """DeviceReport fields from an attribution; no breakdown without tags, which would mislabel it."""
+    if found is None:
+        return {}
+    return {
+        "breakdown": found.breakdown if tagged else None,
+        "peak_phase": found.peak_phase,
+        "peak_step": found.peak_step,
+        "timeline": found.timeline,
+        "tensors": found.tensors,
+        "oom": found.oom,
+    }
 
 
 def _start_blocks(drec: DeviceRecording) -> tuple[Live, ...]:
