@@ -1,7 +1,8 @@
 """REST handlers under ``{base_url}/jupyter-gpumem/api/``: thin readers of the sampler.
 
 Every verb is authenticated and authorised. No handler calls NVML: they read the latest
-sample (waiting briefly, without blocking the event loop, for the very first one).
+sample (waiting briefly, without blocking the event loop, for the very first one). The
+kernel host memory handler reads a few small ``/proc`` files, which never block.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 import jupyter_gpumem
+from jupyter_gpumem.server.host import kernel_host
 from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
 from jupyter_gpumem.server.records import Reason, Sample
 from jupyter_gpumem.server.sampler import Sampler
@@ -118,6 +120,20 @@ class KernelProcessesHandler(GpuMemHandler):
         self.finish_json(answer.to_json())
 
 
+class KernelHostHandler(GpuMemHandler):
+    """The host memory (RSS) of a kernel's process tree: the live view without a GPU."""
+
+    auth_resource = "kernels"
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        kernel_manager = self.kernel_manager
+        if kernel_id not in kernel_manager:
+            raise tornado.web.HTTPError(404, f"no running kernel with id {kernel_id!r}")
+        self.finish_json(kernel_host(kernel_id, kernel_manager.get_kernel(kernel_id)).to_json())
+
+
 def handlers(base_url: str) -> list[tuple[str, type[tornado.web.RequestHandler]]]:
     """The extension's routes, rooted at ``base_url``."""
     prefix = url_path_join(base_url, API_PREFIX)
@@ -126,4 +142,5 @@ def handlers(base_url: str) -> list[tuple[str, type[tornado.web.RequestHandler]]
         (url_path_join(prefix, "sample"), SampleHandler),
         (url_path_join(prefix, "history"), HistoryHandler),
         (url_path_join(prefix, r"kernels/(?P<kernel_id>[\w-]+)/processes"), KernelProcessesHandler),
+        (url_path_join(prefix, r"kernels/(?P<kernel_id>[\w-]+)/host"), KernelHostHandler),
     ]

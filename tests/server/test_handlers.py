@@ -18,7 +18,13 @@ from jupyter_gpumem.server.fake import DEFAULT_SPEC
 from jupyter_gpumem.server.sampler import THREAD_NAME
 
 API = ("jupyter-gpumem", "api")
-ROUTES = [("health",), ("sample",), ("history",), ("kernels", "0000", "processes")]
+ROUTES = [
+    ("health",),
+    ("sample",),
+    ("history",),
+    ("kernels", "0000", "processes"),
+    ("kernels", "0000", "host"),
+]
 FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "sample.json").read_text())
 
 

@@ -13,7 +13,7 @@ PROBE = """
 import sys
 import jupyter_gpumem
 import jupyter_gpumem.server
-from jupyter_gpumem.server import extension, fake, handlers, kernels, nvml, sampler
+from jupyter_gpumem.server import extension, fake, handlers, host, kernels, nvml, sampler
 from jupyter_gpumem.server.fake import FakeNvml
 FakeNvml.from_spec().backend(use_environment=False).read()  # the stand-in needs no pynvml
 nvml.NvmlBackend()  # constructing the real backend does not load NVML either
