@@ -15,6 +15,9 @@ module.exports = {
   retries: 0,
   workers: 1,
   reporter: [['list'], ['html', { open: 'never' }]],
+  // Git-ignored; tests/screenshots.ts writes screenshots here unless asked to update the
+  // committed ones (GPUMEM_UPDATE_SCREENSHOTS=1, `npm run screenshots`).
+  outputDir: 'test-results',
   use: {
     ...baseConfig.use,
     baseURL,

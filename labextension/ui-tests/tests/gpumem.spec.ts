@@ -9,6 +9,7 @@
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
 import * as path from 'path';
+import { screenshotPath } from './screenshots';
 
 const SIDEBAR_ID = 'jupyter-gpumem:sidebar';
 const STATUS = '[id="jupyter-gpumem:status"]';
@@ -25,7 +26,7 @@ function fixture(name: string): any {
 async function shot(page: IJupyterLabPageFixture, name: string): Promise<void> {
   fs.mkdirSync(SHOTS, { recursive: true });
   await page.sidebar.close('left');
-  await page.screenshot({ path: path.join(SHOTS, `${name}.png`) });
+  await page.screenshot({ path: screenshotPath(`${name}.png`) });
 }
 
 async function openSidebar(page: IJupyterLabPageFixture): Promise<void> {
@@ -372,9 +373,9 @@ test.describe('jupyter-gpumem', () => {
         await expect(views).toHaveCount(2);
       }
       await recorded.scrollIntoViewIfNeeded();
-      await recorded.screenshot({ path: path.join(SHOTS, `report-gpu-${theme}.png`) });
+      await recorded.screenshot({ path: screenshotPath(`report-gpu-${theme}.png`) });
       await oom.scrollIntoViewIfNeeded();
-      await oom.screenshot({ path: path.join(SHOTS, `report-oom-${theme}.png`) });
+      await oom.screenshot({ path: screenshotPath(`report-oom-${theme}.png`) });
     }
     await page.theme.setLightTheme();
   });
