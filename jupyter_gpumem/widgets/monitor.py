@@ -8,12 +8,16 @@ Known limitations:
       its comm) or the kernel exits. Clearing the cell output does not close a widget, so a
       cleared monitor keeps sampling until then.
     - Devices are numbered as this kernel's ``CUDA_VISIBLE_DEVICES`` would number them.
+    - NVML errors are shown in the widget only: they are logged to ``LOG``, which has no handler
+      and does not propagate (add a handler to see them). In a kernel, a warning that reaches
+      logging's last-resort handler is a second, red copy of the reason on stderr.
 """
 
 from __future__ import annotations
 
 import atexit
 import html
+import logging
 import os
 import threading
 from collections import deque
@@ -31,6 +35,9 @@ from jupyter_gpumem.units import format_bytes
 __all__ = ["GpuMonitor", "show"]
 
 THREAD_NAME = "jupyter-gpumem-monitor"
+LOG = logging.getLogger(__name__)
+LOG.addHandler(logging.NullHandler())
+LOG.propagate = False
 GiB = 2**30
 
 
@@ -182,7 +189,7 @@ def show(
     """
     check_interval(interval_s)
     return GpuMonitor(
-        backend if backend is not None else NvmlBackend(),
+        backend if backend is not None else NvmlBackend(log=LOG),
         interval_s=interval_s,
         devices=devices,
         history_s=history_s,
