@@ -140,6 +140,7 @@ class GpuMemMagics(Magics):
         shell = self.shell
         assert shell is not None
         filename, body, tail = self._compile(cell)
+        _import_torch_first(shell, cell)
         # Frames count lines of the compiled body; the editor shows the magic line and any
         # leading blank lines that IPython strips before compiling.
         lines = cell.split("\n")
@@ -293,6 +294,32 @@ def _monitor(words: list[str]) -> Any:
         return show(interval_s, devices or None)
     except ValueError as exc:
         raise UsageError(f"%gpumem monitor: {exc}\n{usage}") from None
+
+
+def _import_torch_first(shell: InteractiveShell, cell: str) -> None:
+    """Import torch before the tracker starts when the cell imports it itself.
+
+    The tracker picks its event sources from the modules loaded when it starts, so a cell
+    that imports torch would otherwise measure nothing on its first run. Importing torch
+    does not initialise CUDA. If the import fails, the cell's own import raises it.
+    """
+    if "torch" in sys.modules or "torch" not in cell:
+        return
+    tree = ast.parse(shell.transform_cell(cell))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == "torch" or name.startswith("torch.") for name in names):
+            try:
+                import torch  # noqa: F401  # loaded for the tracker; the cell binds its own names
+            except (ImportError, OSError):
+                return
+            _install_guard()
+            return
 
 
 def _has_widgets(shell: Any) -> bool:
