@@ -20,6 +20,8 @@ from jupyter_gpumem.units import format_bytes, format_seconds
 
 MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
 SCHEMA = 1
+# Recorded in `Report.notes` when torch sees no CUDA device; `shown_notes` words it for what the
+# report holds (CPU tensor memory stands in for the GPU where it was recorded).
 NO_CUDA = "No CUDA device is present: the cell ran unchanged and no GPU memory was measured."
 
 
@@ -146,11 +148,24 @@ class Report:
             value = getattr(self, f.name)
             if f.name in ("devices", "leak_hints"):
                 value = [d.to_dict() for d in value]
+            elif f.name == "notes":
+                value = list(self.shown_notes())
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
         out.update(self.extras)
         return json.loads(json.dumps(out))  # JSON-native: tuples become lists
+
+    def shown_notes(self) -> tuple[str, ...]:
+        """The notes as the renderings show them: NO_CUDA says what the figures are instead."""
+        cpu = next((d for d in self.devices if d.device == "cpu"), None)
+        if NO_CUDA not in self.notes or cpu is None:
+            return self.notes
+        plain = (
+            "No CUDA device: the figures are CPU tensor memory "
+            f"(peak {format_bytes(cpu.peak_allocated_bytes)})."
+        )
+        return tuple(plain if n == NO_CUDA else n for n in self.notes)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {
@@ -219,7 +234,7 @@ def render_text(r: Report) -> str:
         lines.extend(_detail_lines(main))
     lines.extend(f"warning: {w}" for w in r.warnings)
     lines.extend(f"leak: {h.message} Fix: {h.fix}" for h in r.leak_hints)
-    lines.extend(f"note: {n}" for n in r.notes)
+    lines.extend(f"note: {n}" for n in r.shown_notes())
     return "\n".join(lines)
 
 
@@ -305,7 +320,7 @@ def render_html(r: Report) -> str:
         f"<p><strong>Leak:</strong> {esc(h.message)} <em>Fix:</em> {esc(h.fix)}</p>"
         for h in r.leak_hints
     )
-    parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
+    parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.shown_notes())
     parts.append("</div>")
     return "".join(parts)
 

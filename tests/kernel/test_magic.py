@@ -12,6 +12,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_gpumem import kernel_history as history
 from jupyter_gpumem.report import MIME_TYPE, NO_CUDA, Report
+from jupyter_gpumem.units import format_bytes
 
 
 def _callbacks(ip: InteractiveShell) -> dict[str, int]:
@@ -95,8 +96,10 @@ def test_cpu_only_runs_the_cell_unchanged_and_says_so(shell: InteractiveShell) -
     assert report.source == "cpu-dispatch"
     assert NO_CUDA in report.notes
     bundle = report._repr_mimebundle_()
-    assert "No CUDA device is present" in bundle["text/plain"]
-    assert "No CUDA device is present" in bundle["text/html"]
+    plain = f"No CUDA device: the figures are CPU tensor memory (peak {format_bytes(report.peak_allocated_bytes)})."
+    for shown in (bundle["text/plain"], bundle["text/html"], "".join(bundle[MIME_TYPE]["notes"])):
+        assert plain in shown
+        assert "no GPU memory was measured" not in shown  # under a peak, that read as a contradiction
     assert bundle[MIME_TYPE]["cuda_available"] is False
 
 

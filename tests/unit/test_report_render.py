@@ -74,3 +74,18 @@ def test_json_matches_the_shared_fixture_keys() -> None:
 def test_over_budget_and_oom_titles() -> None:
     assert _report(budget_bytes=GiB).over_budget
     assert "(out of memory)" in str(_report(status="oom"))
+
+
+def test_no_cuda_note_says_what_the_cpu_figures_are() -> None:
+    from dataclasses import replace
+
+    from jupyter_gpumem.report import NO_CUDA
+
+    cpu = replace(_report().devices[0], device="cpu", name="CPU tensors", peak_allocated_bytes=5945425)
+    shown = _report(cuda_available=False, devices=(cpu,), notes=(NO_CUDA,))
+    plain = "No CUDA device: the figures are CPU tensor memory (peak 5.67 MiB)."
+    assert shown.shown_notes() == (plain,)
+    assert f"note: {plain}" in str(shown)
+    assert shown.to_dict()["notes"] == [plain]
+    nothing = _report(cuda_available=False, devices=(), notes=(NO_CUDA,))  # nothing stood in
+    assert nothing.shown_notes() == (NO_CUDA,)
