@@ -259,7 +259,7 @@ class GpuMemMagics(Magics):
         if command == "status":
             return _status()
         if command == "history":
-            return history.to_dataframe()
+            return history.summary()
         if command == "monitor":
             return _monitor(words[1:])
         if command == "free":

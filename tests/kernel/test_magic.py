@@ -115,15 +115,22 @@ def test_report_is_displayed_as_a_mime_bundle(shell: InteractiveShell, capsys: p
     assert "gpumem shown:" in out
 
 
-def test_history_returns_every_report_as_a_dataframe(shell: InteractiveShell) -> None:
-    shell.run_cell("%%gpumem --name first --quiet\na = 1")
+def test_history_magic_is_compact_and_history_gives_every_number(shell: InteractiveShell) -> None:
+    shell.run_cell("%%gpumem --name first --quiet\nimport torch\na = torch.ones(1024, 1024)")
     shell.run_cell("%%gpumem --name second --quiet\nb = 2")
-    frame = shell.run_line_magic("gpumem", "history")
+    shown = shell.run_line_magic("gpumem", "history")
     import jupyter_gpumem
 
+    text = str(shown)
+    head, first, second = text.splitlines()
+    assert head.split() == ["#", "name", "peak", "reserved", "peak", "at", "wall"]
+    assert first.split()[1] == "first" and first.split()[3] == "MiB"  # units at the edge
+    assert "second" in second and "nan" not in text.lower()
+    assert shown._repr_mimebundle_()["text/plain"] == text
+    assert "<table" in shown._repr_mimebundle_()["text/html"]
+    frame = jupyter_gpumem.history()
     assert list(frame["name"]) == ["first", "second"]
-    assert list(jupyter_gpumem.history()["name"]) == ["first", "second"]
-    assert {"peak_allocated_bytes", "peak_reserved_bytes", "wall_s"} <= set(frame.columns)
+    assert {"id", "peak_allocated_bytes", "peak_reserved_bytes", "wall_s"} <= set(frame.columns)
 
 
 @pytest.mark.parametrize("line", ["monitor --interval fast", "monitor --interval 0.01", "monitor --colour red"])
