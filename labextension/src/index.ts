@@ -46,13 +46,11 @@ function readSettings(settings: ISettingRegistry.ISettings | null): ISettings {
 }
 
 /**
- * Point the model and the report list at the active notebook, and keep the
- * model's kernel in step with that notebook's session (restarts, kernel changes).
+ * Point the model at the active notebook's kernel, and keep it in step with that
+ * notebook's session (restarts, kernel changes). The report list follows the
+ * notebook tracker by itself.
  */
-function notebookFollower(
-  model: GpuModel,
-  reports: NotebookReports
-): (panel: NotebookPanel | null) => void {
+function notebookFollower(model: GpuModel): (panel: NotebookPanel | null) => void {
   let followed: NotebookPanel | null = null;
   const onKernel = () => {
     model.kernelId = followed?.sessionContext.session?.kernel?.id ?? null;
@@ -63,7 +61,6 @@ function notebookFollower(
       followed.sessionContext.sessionChanged.disconnect(onKernel);
     }
     followed = panel;
-    reports.setNotebook(panel);
     if (panel) {
       panel.sessionContext.kernelChanged.connect(onKernel);
       panel.sessionContext.sessionChanged.connect(onKernel);
@@ -101,7 +98,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       interval_s: current.interval,
       window_s: current.historyMinutes * 60
     });
-    const reports = new NotebookReports();
+    const reports = new NotebookReports({ tracker: notebooks });
 
     const sidebar = new GpuSidebar({
       model,
@@ -137,7 +134,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     if (notebooks) {
-      const follow = notebookFollower(model, reports);
+      const follow = notebookFollower(model);
       notebooks.currentChanged.connect((_, panel) => follow(panel));
       follow(notebooks.currentWidget);
     }

@@ -1,10 +1,14 @@
 /**
- * The `%%gpumem` reports of the active notebook, read from the cells' report
+ * The `%%gpumem` reports of the open notebooks, read from the cells' report
  * mime outputs: no extra channel to the kernel is needed, and what the sidebar
  * lists is exactly what the notebook shows (saved notebooks included).
+ *
+ * The notebook model's own `changed` signal says nothing about outputs, so each
+ * code cell's output area is followed: the list updates as a cell's report
+ * arrives, without reopening the notebook.
  */
-import { ICodeCellModel } from '@jupyterlab/cells';
-import { NotebookPanel } from '@jupyterlab/notebook';
+import { ICellModel, ICodeCellModel } from '@jupyterlab/cells';
+import { INotebookModel, INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -67,58 +71,272 @@ function newestFirst(a: IReportEntry, b: IReportEntry): number {
   return 0;
 }
 
-/** The cells of a live notebook, in the shape `collectReports` reads. */
-export function* notebookCells(panel: NotebookPanel): Iterable<ICellOutputs> {
-  const cells = panel.content.model?.cells;
-  if (!cells) {
-    return;
-  }
-  for (let i = 0; i < cells.length; i++) {
-    const cell = cells.get(i);
-    if (cell.type !== 'code') {
-      continue;
+/** The report outputs' raw JSON of one code cell, in output order. */
+function reportData(cell: ICodeCellModel): unknown[] {
+  const found: unknown[] = [];
+  const outputs = cell.outputs;
+  for (let j = 0; j < outputs.length; j++) {
+    const json = (outputs.get(j).data as Record<string, unknown>)[REPORT_MIME_TYPE];
+    if (json !== undefined) {
+      found.push(json);
     }
-    const outputs = (cell as ICodeCellModel).outputs;
-    const list: Array<{ data?: unknown }> = [];
-    for (let j = 0; j < outputs.length; j++) {
-      list.push({ data: outputs.get(j).data });
-    }
-    yield { id: cell.id, outputs: list };
   }
+  return found;
 }
 
-/** Follows one notebook at a time and rescans it (debounced) when it changes. */
-export class NotebookReports implements IDisposable {
-  /** Emitted when the notebook or its list of reports changes. */
+function sameItems(a: ReadonlyArray<unknown>, b: ReadonlyArray<unknown>): boolean {
+  return a.length === b.length && a.every((item, i) => item === b[i]);
+}
+
+/** Milliseconds to wait after a change before listing again (outputs arrive in bursts). */
+export const DEBOUNCE_MS = 100;
+
+/**
+ * The reports of one notebook model, kept up to date as outputs arrive: it
+ * follows the cell list (cells added, removed, moved, changed type) and the
+ * output area of every code cell. Only cells whose outputs changed are read
+ * again, and `changed` is emitted only when a report came, went or moved, so a
+ * cell streaming text costs one look at that cell per burst.
+ */
+export class NotebookWatcher implements IDisposable {
+  constructor(model: INotebookModel, options: { debounce_ms?: number } = {}) {
+    this._model = model;
+    this._debounce_ms = options.debounce_ms ?? DEBOUNCE_MS;
+    model.cells.changed.connect(this._onCellsChanged, this);
+    this._reconcile();
+    this._rebuild();
+  }
+
+  /** Emitted when the notebook's list of reports changes. */
   get changed(): ISignal<this, void> {
     return this._changed;
   }
 
-  get notebook(): NotebookPanel | null {
-    return this._notebook;
+  get model(): INotebookModel {
+    return this._model;
   }
 
+  /** The notebook's reports, newest first. */
   get entries(): ReadonlyArray<IReportEntry> {
     return this._entries;
   }
 
-  /** Follow another notebook (or none). */
+  /** Code cells whose output area is followed (for the tests). */
+  get followedCells(): number {
+    return this._cells.size;
+  }
+
+  /** Read every cell again now (after a load, or on becoming the current notebook). */
+  rescan(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    this._cellsChanged = true;
+    for (const cell of this._cells.keys()) {
+      this._dirty.add(cell);
+    }
+    this.flush();
+  }
+
+  /** Read pending changes now instead of after the debounce (tests, notebook switches). */
+  flush(): void {
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
+    }
+    if (this._isDisposed) {
+      return;
+    }
+    if (this._cellsChanged) {
+      this._reconcile();
+    }
+    let changed = this._cellsChanged;
+    this._cellsChanged = false;
+    for (const cell of this._dirty) {
+      const state = this._cells.get(cell);
+      if (!state) {
+        continue;
+      }
+      const data = reportData(cell);
+      if (!sameItems(data, state.data)) {
+        state.data = data;
+        changed = true;
+      }
+    }
+    this._dirty.clear();
+    if (changed) {
+      this._rebuild();
+      this._changed.emit();
+    }
+  }
+
+  get isDisposed(): boolean {
+    return this._isDisposed;
+  }
+
+  dispose(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    this._isDisposed = true;
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
+    }
+    if (!this._model.isDisposed) {
+      this._model.cells.changed.disconnect(this._onCellsChanged, this);
+    }
+    for (const cell of this._cells.keys()) {
+      this._unfollow(cell);
+    }
+    this._cells.clear();
+    this._dirty.clear();
+    Signal.clearData(this);
+  }
+
+  private _onCellsChanged(): void {
+    this._cellsChanged = true;
+    this._schedule();
+  }
+
+  private _onOutputsChanged(cell: ICodeCellModel): void {
+    this._dirty.add(cell);
+    this._schedule();
+  }
+
+  private _schedule(): void {
+    if (this._timer !== null || this._isDisposed) {
+      return;
+    }
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      this.flush();
+    }, this._debounce_ms);
+  }
+
+  /**
+   * Follow exactly the code cells now in the notebook. The cell list's `remove`
+   * events do not say which cells went (their models are disposed by then), so
+   * the followed set is compared with the list instead.
+   */
+  private _reconcile(): void {
+    const present = new Set<ICellModel>();
+    const cells = this._model.cells;
+    for (let i = 0; i < cells.length; i++) {
+      const cell = cells.get(i);
+      if (!cell || cell.type !== 'code') {
+        continue;
+      }
+      const code = cell as ICodeCellModel;
+      present.add(code);
+      if (!this._cells.has(code)) {
+        this._follow(code);
+      }
+    }
+    for (const cell of [...this._cells.keys()]) {
+      if (!present.has(cell)) {
+        this._unfollow(cell);
+        this._cells.delete(cell);
+        this._dirty.delete(cell);
+      }
+    }
+  }
+
+  private _follow(cell: ICodeCellModel): void {
+    const listener = () => this._onOutputsChanged(cell);
+    this._cells.set(cell, { data: reportData(cell), listener });
+    cell.outputs.changed.connect(listener, this);
+  }
+
+  private _unfollow(cell: ICodeCellModel): void {
+    const state = this._cells.get(cell);
+    if (state && !cell.isDisposed) {
+      cell.outputs.changed.disconnect(state.listener, this);
+    }
+  }
+
+  private _rebuild(): void {
+    const cells: ICellOutputs[] = [];
+    const list = this._model.cells;
+    for (let i = 0; i < list.length; i++) {
+      const cell = list.get(i);
+      const state = cell ? this._cells.get(cell as ICodeCellModel) : undefined;
+      // Every cell counts towards the position, code or not.
+      const outputs = (state?.data ?? []).map(json => ({ data: { [REPORT_MIME_TYPE]: json } }));
+      cells.push({ id: cell?.id ?? '', outputs });
+    }
+    this._entries = collectReports(cells);
+  }
+
+  private _cells = new Map<ICodeCellModel, { data: unknown[]; listener: () => void }>();
+  private _cellsChanged = false;
+  private _changed = new Signal<this, void>(this);
+  private _debounce_ms: number;
+  private _dirty = new Set<ICodeCellModel>();
+  private _entries: IReportEntry[] = [];
+  private _isDisposed = false;
+  private _model: INotebookModel;
+  private _timer: ReturnType<typeof setTimeout> | null = null;
+}
+
+/**
+ * The reports of every open notebook, one watcher each (so that switching
+ * notebooks shows an up-to-date list at once), and which notebook is current.
+ * Follows the tracker: notebooks opened (`widgetAdded`), closed (`disposed`)
+ * and focused (`currentChanged`).
+ */
+export class NotebookReports implements IDisposable {
+  constructor(options: { tracker?: INotebookTracker | null; debounce_ms?: number } = {}) {
+    this._debounce_ms = options.debounce_ms ?? DEBOUNCE_MS;
+    const tracker = options.tracker ?? null;
+    this._tracker = tracker;
+    if (tracker) {
+      tracker.widgetAdded.connect(this._onAdded, this);
+      tracker.currentChanged.connect(this._onCurrentChanged, this);
+      tracker.forEach(panel => this._watch(panel));
+      this.setNotebook(tracker.currentWidget);
+    }
+  }
+
+  /** Emitted when the current notebook or its list of reports changes. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** The current notebook, whose reports `entries` lists. */
+  get notebook(): NotebookPanel | null {
+    return this._notebook;
+  }
+
+  /** The current notebook's reports, newest first. */
+  get entries(): ReadonlyArray<IReportEntry> {
+    const watcher = this._notebook ? this._watchers.get(this._notebook) : undefined;
+    return watcher?.entries ?? [];
+  }
+
+  /** The reports of any open notebook (empty for one that is not followed). */
+  entriesOf(panel: NotebookPanel): ReadonlyArray<IReportEntry> {
+    return this._watchers.get(panel)?.entries ?? [];
+  }
+
+  /** How many notebooks are followed (for the tests). */
+  get watchedCount(): number {
+    return this._watchers.size;
+  }
+
+  /** Make another notebook (or none) current; it is followed from now on if it was not. */
   setNotebook(panel: NotebookPanel | null): void {
+    if (panel && panel.isDisposed) {
+      panel = null;
+    }
     if (panel === this._notebook) {
       return;
     }
-    this._disconnect();
     this._notebook = panel;
     if (panel) {
-      panel.disposed.connect(this._onDisposed, this);
-      panel.context.model.sharedModel.changed.connect(this._schedule, this);
-      void panel.context.ready.then(() => {
-        if (this._notebook === panel) {
-          this._scan();
-        }
-      });
+      this._watch(panel)?.rescan();
     }
-    this._scan();
+    this._changed.emit();
   }
 
   /** Select, scroll to and focus the cell that holds a report. */
@@ -147,45 +365,78 @@ export class NotebookReports implements IDisposable {
       return;
     }
     this._isDisposed = true;
-    this._disconnect();
+    const tracker = this._tracker;
+    if (tracker) {
+      tracker.widgetAdded.disconnect(this._onAdded, this);
+      tracker.currentChanged.disconnect(this._onCurrentChanged, this);
+    }
+    for (const panel of [...this._watchers.keys()]) {
+      this._unwatch(panel);
+    }
+    this._notebook = null;
     Signal.clearData(this);
   }
 
-  private _schedule(): void {
-    if (this._timer !== null) {
+  private _onAdded(_: unknown, panel: NotebookPanel): void {
+    this._watch(panel);
+  }
+
+  private _onCurrentChanged(_: unknown, panel: NotebookPanel | null): void {
+    this.setNotebook(panel);
+  }
+
+  private _watch(panel: NotebookPanel): NotebookWatcher | null {
+    const known = this._watchers.get(panel);
+    if (known) {
+      return known;
+    }
+    if (panel.isDisposed || this._isDisposed) {
+      return null;
+    }
+    const watcher = new NotebookWatcher(panel.context.model, {
+      debounce_ms: this._debounce_ms
+    });
+    watcher.changed.connect(this._onWatcherChanged, this);
+    panel.disposed.connect(this._onPanelDisposed, this);
+    this._watchers.set(panel, watcher);
+    // Loading from disk fills the cells after the panel exists; the cell list's
+    // `changed` covers that, and this rescan catches anything filled silently.
+    void panel.context.ready.then(() => {
+      if (this._watchers.get(panel) === watcher) {
+        watcher.rescan();
+      }
+    });
+    return watcher;
+  }
+
+  private _unwatch(panel: NotebookPanel): void {
+    const watcher = this._watchers.get(panel);
+    if (!watcher) {
       return;
     }
-    this._timer = setTimeout(() => {
-      this._timer = null;
-      this._scan();
-    }, 100);
+    this._watchers.delete(panel);
+    panel.disposed.disconnect(this._onPanelDisposed, this);
+    watcher.dispose();
   }
 
-  private _scan(): void {
-    const panel = this._notebook;
-    this._entries = panel ? collectReports(notebookCells(panel)) : [];
-    this._changed.emit();
-  }
-
-  private _onDisposed(): void {
-    this.setNotebook(null);
-  }
-
-  private _disconnect(): void {
-    if (this._timer !== null) {
-      clearTimeout(this._timer);
-      this._timer = null;
+  private _onWatcherChanged(watcher: NotebookWatcher): void {
+    const current = this._notebook ? this._watchers.get(this._notebook) : undefined;
+    if (watcher === current) {
+      this._changed.emit();
     }
-    const panel = this._notebook;
-    if (panel && !panel.isDisposed) {
-      panel.disposed.disconnect(this._onDisposed, this);
-      panel.context.model.sharedModel.changed.disconnect(this._schedule, this);
+  }
+
+  private _onPanelDisposed(panel: NotebookPanel): void {
+    this._unwatch(panel);
+    if (panel === this._notebook) {
+      this.setNotebook(this._tracker?.currentWidget ?? null);
     }
   }
 
   private _changed = new Signal<this, void>(this);
-  private _entries: IReportEntry[] = [];
+  private _debounce_ms: number;
   private _isDisposed = false;
   private _notebook: NotebookPanel | null = null;
-  private _timer: ReturnType<typeof setTimeout> | null = null;
+  private _tracker: INotebookTracker | null;
+  private _watchers = new Map<NotebookPanel, NotebookWatcher>();
 }
