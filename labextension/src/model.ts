@@ -8,7 +8,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { IGpuApi } from './request';
-import { IDevice, IKernelProcesses, ISample } from './types';
+import { IDevice, IKernelHost, IKernelProcesses, ISample } from './types';
 
 /** One point of a device's sparkline. */
 export interface IPoint {
@@ -100,6 +100,7 @@ export class GpuModel implements IDisposable {
     }
     this._kernelId = value;
     this._kernelProcesses = null;
+    this._kernelHost = null;
     this._changed.emit();
     if (value && this._poll.state.phase !== 'constructed' && !this._poll.isDisposed) {
       void this._poll.refresh();
@@ -109,6 +110,11 @@ export class GpuModel implements IDisposable {
   /** The active kernel's GPU processes, when the server could tell. */
   get kernelProcesses(): IKernelProcesses | null {
     return this._kernelProcesses;
+  }
+
+  /** The host memory (RSS) of the active kernel's process tree, GPU or not. */
+  get kernelHost(): IKernelHost | null {
+    return this._kernelHost;
   }
 
   /** PIDs to highlight in the process tables. */
@@ -203,21 +209,27 @@ export class GpuModel implements IDisposable {
     }
   }
 
-  /** Which processes are the active kernel's; never fails the poll. */
+  /**
+   * The active kernel's GPU processes (when there are GPUs) and host memory;
+   * never fails the poll. An unknown kernel or an older server without an
+   * endpoint leaves that part null.
+   */
   private async _updateKernel(): Promise<void> {
     const kernelId = this._kernelId;
-    if (!kernelId || !this._sample?.available) {
+    if (!kernelId) {
       this._kernelProcesses = null;
+      this._kernelHost = null;
       return;
     }
-    try {
-      const processes = await this._api.kernelProcesses(kernelId);
-      if (kernelId === this._kernelId) {
-        this._kernelProcesses = processes;
-      }
-    } catch {
-      // An unknown kernel or a server without this endpoint: nothing to highlight.
-      this._kernelProcesses = null;
+    const [processes, host] = await Promise.all([
+      this._sample?.available
+        ? this._api.kernelProcesses(kernelId).catch(() => null)
+        : Promise.resolve(null),
+      this._api.kernelHost(kernelId).catch(() => null)
+    ]);
+    if (kernelId === this._kernelId) {
+      this._kernelProcesses = processes;
+      this._kernelHost = host;
     }
   }
 
@@ -226,6 +238,7 @@ export class GpuModel implements IDisposable {
   private _error: string | null = null;
   private _history: ISample[] = [];
   private _kernelId: string | null = null;
+  private _kernelHost: IKernelHost | null = null;
   private _kernelProcesses: IKernelProcesses | null = null;
   private _poll: Poll;
   private _sample: ISample | null = null;

@@ -9,10 +9,12 @@ import { ServerConnection } from '@jupyterlab/services';
 import {
   IHealth,
   IHistory,
+  IKernelHost,
   IKernelProcesses,
   ISample,
   parseHealth,
   parseHistory,
+  parseKernelHost,
   parseKernelProcesses,
   parseSample
 } from './types';
@@ -101,11 +103,21 @@ export async function fetchKernelProcesses(
   return parseKernelProcesses(await requestAPI(path, settings));
 }
 
+/** The host memory (RSS) of one kernel's process tree, GPU or not. */
+export async function fetchKernelHost(
+  kernelId: string,
+  settings?: ServerConnection.ISettings
+): Promise<IKernelHost> {
+  const path = `kernels/${encodeURIComponent(kernelId)}/host`;
+  return parseKernelHost(await requestAPI(path, settings));
+}
+
 /** What the model needs from the server; tests pass a fake. */
 export interface IGpuApi {
   sample(): Promise<ISample>;
   history(since: number): Promise<IHistory>;
   kernelProcesses(kernelId: string): Promise<IKernelProcesses>;
+  kernelHost(kernelId: string): Promise<IKernelHost>;
 }
 
 /** The real API, bound to the page's server settings. */
@@ -115,6 +127,7 @@ export function serverApi(
   return {
     sample: () => fetchSample(settings),
     history: since => fetchHistory(since, settings),
-    kernelProcesses: kernelId => fetchKernelProcesses(kernelId, settings)
+    kernelProcesses: kernelId => fetchKernelProcesses(kernelId, settings),
+    kernelHost: kernelId => fetchKernelHost(kernelId, settings)
   };
 }

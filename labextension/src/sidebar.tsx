@@ -1,7 +1,9 @@
 /**
  * The GPU memory sidebar: a card per device (gauge, sparkline, processes with
- * the active kernel's highlighted) and the `%%gpumem` reports of the active
- * notebook. All server and kernel text is rendered as React text.
+ * the active kernel's highlighted), the active kernel's host memory, and the
+ * `%%gpumem` reports of the active notebook. Without a GPU it says why, and the
+ * kernel's host memory and the CPU reports carry the panel. All server and
+ * kernel text is rendered as React text.
  */
 import { ReactWidget } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
@@ -16,8 +18,9 @@ import {
   Units
 } from './format';
 import { GpuModel, IPoint } from './model';
+import { STARTING_REASON, whyNoGpu } from './nogpu';
 import { IReportEntry, NotebookReports } from './reports';
-import { IDevice, IKernelProcesses, IProcess, ISample } from './types';
+import { IDevice, IKernelHost, IKernelProcesses, IProcess, ISample } from './types';
 
 /** Everything the sidebar shows, as plain data (what the tests render). */
 export interface ISidebarProps {
@@ -27,6 +30,9 @@ export interface ISidebarProps {
   window_s: number;
   kernelPids: ReadonlySet<number>;
   kernelProcesses: IKernelProcesses | null;
+  /** The active notebook's kernel, when it has one. */
+  kernelId: string | null;
+  kernelHost: IKernelHost | null;
   notebookTitle: string | null;
   reports: ReadonlyArray<IReportEntry>;
   onReveal: (entry: IReportEntry) => void;
@@ -142,13 +148,82 @@ export function DeviceCard(props: {
   );
 }
 
-function peakOf(entry: IReportEntry): number | null {
-  return entry.report.devices.reduce<number | null>(
-    (m, d) =>
-      d.peak_allocated_bytes !== null && (m === null || d.peak_allocated_bytes > m)
-        ? d.peak_allocated_bytes
-        : m,
-    null
+/** The highest peak of a report's devices, and whether it was the CPU's. */
+export function peakOf(entry: IReportEntry): { bytes: number | null; cpu: boolean } {
+  let best: { bytes: number | null; cpu: boolean } = { bytes: null, cpu: false };
+  for (const d of entry.report.devices) {
+    const bytes = d.peak_allocated_bytes;
+    if (bytes !== null && (best.bytes === null || bytes > best.bytes)) {
+      best = { bytes, cpu: d.device === 'cpu' };
+    }
+  }
+  return best;
+}
+
+/**
+ * The resident host memory of the active notebook's kernel (its process tree),
+ * against the machine's memory. The only live gauge when there is no GPU.
+ */
+export function KernelHostSection(props: {
+  host: IKernelHost | null;
+  kernelId: string | null;
+  notebookTitle: string | null;
+  units: Units;
+}): JSX.Element | null {
+  const { host, units } = props;
+  let body: JSX.Element;
+  if (props.notebookTitle === null) {
+    return null;
+  } else if (!props.kernelId) {
+    body = <div className="jp-GpuMem-empty">This notebook has no running kernel.</div>;
+  } else if (!host) {
+    body = <div className="jp-GpuMem-empty">Reading the kernel's memory…</div>;
+  } else if (host.rss_bytes === null) {
+    body = (
+      <div className="jp-GpuMem-unknown">
+        Host memory unknown{host.reason ? `: ${host.reason}` : ''}
+      </div>
+    );
+  } else {
+    const children = host.pids.filter(p => p !== host.pid).length;
+    const available =
+      host.host_available_bytes !== null
+        ? ` · ${formatBytes(host.host_available_bytes, units)} available on this machine`
+        : '';
+    body = (
+      <>
+        <Gauge
+          used={host.rss_bytes}
+          total={host.host_total_bytes}
+          units={units}
+          label="kernel host memory (RSS)"
+        />
+        <div className="jp-GpuMem-hostDetail">
+          RSS {formatBytes(host.rss_bytes, units)} of pid {host.pid ?? UNKNOWN}
+          {children > 0 ? ` and ${children} child process${children === 1 ? '' : 'es'}` : ''}
+          {available}
+        </div>
+      </>
+    );
+  }
+  return (
+    <section className="jp-GpuMem-section jp-GpuMem-host">
+      <div className="jp-GpuMem-sectionTitle">Kernel host memory</div>
+      {body}
+    </section>
+  );
+}
+
+/** Why there is no GPU view, and what still works. */
+function NoGpu(props: { reason: string | null }): JSX.Element {
+  return (
+    <div className="jp-GpuMem-noGpu">
+      <div className="jp-GpuMem-unavailable">
+        <span className="jp-GpuMem-unavailableTitle">NVML unavailable</span>
+        <span className="jp-GpuMem-reason">{props.reason ?? 'unknown reason'}</span>
+      </div>
+      <p className="jp-GpuMem-noGpuHelp">{whyNoGpu(props.reason)}</p>
+    </div>
   );
 }
 
@@ -171,6 +246,7 @@ function ReportList(props: {
         <ul className="jp-GpuMem-reportList">
           {props.reports.map((entry, i) => {
             const r = entry.report;
+            const peak = peakOf(entry);
             return (
               <li key={`${entry.cellId}:${i}`}>
                 <button
@@ -188,7 +264,8 @@ function ReportList(props: {
                     {r.status}
                   </span>
                   <span className="jp-GpuMem-reportItemStats">
-                    peak {formatBytes(peakOf(entry), props.units)} · {formatSeconds(r.wall_s)}
+                    peak {formatBytes(peak.bytes, props.units)}
+                    {peak.cpu ? ' (CPU)' : ''} · {formatSeconds(r.wall_s)}
                   </span>
                 </button>
               </li>
@@ -204,19 +281,14 @@ function ReportList(props: {
 export function SidebarView(props: ISidebarProps): JSX.Element {
   const { sample, units } = props;
   let body: JSX.Element;
-  if (sample === null) {
+  if (sample === null || (!sample.available && sample.reason === STARTING_REASON)) {
     body = (
       <div className="jp-GpuMem-empty">
         {props.error ? 'No GPU data yet.' : 'Reading the GPUs…'}
       </div>
     );
   } else if (!sample.available) {
-    body = (
-      <div className="jp-GpuMem-unavailable">
-        <span className="jp-GpuMem-unavailableTitle">NVML unavailable</span>
-        <span className="jp-GpuMem-reason">{sample.reason ?? 'unknown reason'}</span>
-      </div>
-    );
+    body = <NoGpu reason={sample.reason} />;
   } else if (!sample.devices.length) {
     body = <div className="jp-GpuMem-empty">NVML sees no GPU.</div>;
   } else {
@@ -256,6 +328,12 @@ export function SidebarView(props: ISidebarProps): JSX.Element {
           {k.matched_by === 'kernel-reported' ? ' (as reported by the kernel)' : ''}
         </div>
       )}
+      <KernelHostSection
+        host={props.kernelHost}
+        kernelId={props.kernelId}
+        notebookTitle={props.notebookTitle}
+        units={units}
+      />
       <ReportList
         notebookTitle={props.notebookTitle}
         reports={props.reports}
@@ -310,6 +388,8 @@ export class GpuSidebar extends ReactWidget {
         window_s={model.window_s}
         kernelPids={model.kernelPids}
         kernelProcesses={model.kernelProcesses}
+        kernelId={model.kernelId}
+        kernelHost={model.kernelHost}
         notebookTitle={reports.notebook?.title.label ?? null}
         reports={reports.entries}
         onReveal={entry => {

@@ -1,18 +1,23 @@
-/** The status bar item: the busiest GPU's memory, e.g. "GPU 0: 12.3/80 GiB". */
+/**
+ * The status bar item: the busiest GPU's memory, e.g. "GPU 0: 12.3/80 GiB";
+ * without a GPU, the active kernel's host memory, e.g. "GPU: n/a · kernel 312 MiB".
+ */
 import { TextItem } from '@jupyterlab/statusbar';
 import { ReactWidget } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { formatUsedTotal, Units } from './format';
+import { formatBytes, formatUsedTotal, Units } from './format';
 import { busiestDevice } from './model';
 import { GpuModel } from './model';
-import { ISample } from './types';
+import { whyNoGpu } from './nogpu';
+import { IKernelHost, ISample } from './types';
 
 /** The text and tooltip of the item, as a pure function of the model's state. */
 export function statusText(
   sample: ISample | null,
   error: string | null,
-  units: Units
+  units: Units,
+  host: IKernelHost | null = null
 ): { text: string; title: string } {
   if (error && !sample) {
     return { text: 'GPU: offline', title: `GPU monitor unreachable: ${error}` };
@@ -21,7 +26,15 @@ export function statusText(
     return { text: 'GPU: …', title: 'Reading the GPUs' };
   }
   if (!sample.available) {
-    return { text: 'GPU: n/a', title: `NVML unavailable: ${sample.reason ?? 'unknown reason'}` };
+    const why = whyNoGpu(sample.reason);
+    if (host?.rss_bytes === null || host?.rss_bytes === undefined) {
+      return { text: 'GPU: n/a', title: `${why} Click for details.` };
+    }
+    const rss = formatBytes(host.rss_bytes, units);
+    return {
+      text: `GPU: n/a · kernel ${rss}`,
+      title: `${why} This notebook's kernel holds ${rss} of host memory (RSS). Click for details.`
+    };
   }
   const device = busiestDevice(sample);
   if (!device) {
@@ -55,7 +68,7 @@ export class GpuStatusItem extends ReactWidget {
 
   protected render(): JSX.Element {
     const { model, units } = this._options;
-    const { text, title } = statusText(model.sample, model.error, units());
+    const { text, title } = statusText(model.sample, model.error, units(), model.kernelHost);
     this.node.title = title;
     return <TextItem source={text} />;
   }

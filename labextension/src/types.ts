@@ -70,6 +70,23 @@ export interface IKernelProcesses {
   processes: Array<IProcess & { device_index: number }>;
 }
 
+/**
+ * `GET /jupyter-gpumem/api/kernels/<kernel_id>/host` (`server/host.py`): the
+ * resident memory of the kernel's process tree, and the machine's memory.
+ * `rss_bytes` is null with a `reason` when the server cannot read it.
+ */
+export interface IKernelHost {
+  kernel_id: string;
+  /** The kernel's own process, when it runs on the server's machine. */
+  pid: number | null;
+  /** The processes whose RSS was summed: the kernel and its descendants. */
+  pids: number[];
+  rss_bytes: number | null;
+  host_total_bytes: number | null;
+  host_available_bytes: number | null;
+  reason: string | null;
+}
+
 /** What a device's memory was made of at the peak (bytes per category). */
 export type IBreakdown = Record<string, number>;
 
@@ -315,6 +332,19 @@ export function parseKernelProcesses(value: unknown): IKernelProcesses {
       ...parseProcess(p, `.processes[${i}]`),
       device_index: num(object(p, '').device_index, `.processes[${i}].device_index`)
     }))
+  };
+}
+
+export function parseKernelHost(value: unknown): IKernelHost {
+  const o = object(value, '');
+  return {
+    kernel_id: String(optStr(o.kernel_id, '.kernel_id')),
+    pid: optNum(o.pid, '.pid'),
+    pids: array(o.pids ?? [], '.pids').map((p, i) => num(p, `.pids[${i}]`)),
+    rss_bytes: optNum(o.rss_bytes, '.rss_bytes'),
+    host_total_bytes: optNum(o.host_total_bytes, '.host_total_bytes'),
+    host_available_bytes: optNum(o.host_available_bytes, '.host_available_bytes'),
+    reason: optStr(o.reason, '.reason')
   };
 }
 

@@ -2,7 +2,7 @@ import { Poll } from '@lumino/polling';
 
 import { busiestDevice, GpuModel } from '../model';
 import { IGpuApi } from '../request';
-import { IHistory, IKernelProcesses, ISample, parseSample } from '../types';
+import { IHistory, IKernelHost, IKernelProcesses, ISample, parseSample } from '../types';
 import { fixture } from './helpers';
 
 function sampleAt(time: number, used0 = 17716740096): ISample {
@@ -17,7 +17,8 @@ class FakeApi implements IGpuApi {
   samples: Array<ISample | Error> = [];
   historyAnswer: IHistory | Error = { interval_s: 1, samples: [] };
   kernelAnswer: IKernelProcesses | Error = new Error('404 unknown kernel');
-  calls = { sample: 0, history: [] as number[], kernel: [] as string[] };
+  hostAnswer: IKernelHost | Error = new Error('404 unknown kernel');
+  calls = { sample: 0, history: [] as number[], kernel: [] as string[], host: [] as string[] };
 
   async sample(): Promise<ISample> {
     this.calls.sample++;
@@ -46,7 +47,25 @@ class FakeApi implements IGpuApi {
     }
     return this.kernelAnswer;
   }
+
+  async kernelHost(kernelId: string): Promise<IKernelHost> {
+    this.calls.host.push(kernelId);
+    if (this.hostAnswer instanceof Error) {
+      throw this.hostAnswer;
+    }
+    return this.hostAnswer;
+  }
 }
+
+const HOST: IKernelHost = {
+  kernel_id: 'k1',
+  pid: 4321,
+  pids: [4321, 4330],
+  rss_bytes: 300 * 2 ** 20,
+  host_total_bytes: 16 * 2 ** 30,
+  host_available_bytes: 9 * 2 ** 30,
+  reason: null
+};
 
 /** Resolve once the poll reaches one of the given phases. */
 function phase(poll: Poll, ...phases: string[]): Promise<string> {
@@ -158,6 +177,40 @@ describe('GpuModel', () => {
     expect(model.kernelProcesses).toBeNull();
     expect(model.kernelPids.size).toBe(0);
     expect(model.error).toBeNull();
+  });
+
+  it("reads the kernel's host memory, with or without a GPU", async () => {
+    const noGpu = { ...sampleAt(1000), available: false, reason: 'library not found', devices: [] };
+    api.samples.push(noGpu, noGpu);
+    api.hostAnswer = HOST;
+    model.kernelId = 'k1';
+    let done = phase(model.poll, 'resolved', 'rejected');
+    void model.start();
+    expect(await done).toBe('resolved');
+    expect(model.kernelHost?.rss_bytes).toBe(300 * 2 ** 20);
+    // Without GPUs there are no GPU processes to ask about.
+    expect(api.calls.kernel).toEqual([]);
+    expect(api.calls.host).toEqual(['k1']);
+
+    // A failing lookup leaves it unknown without failing the poll.
+    api.hostAnswer = new Error('404');
+    done = phase(model.poll, 'resolved', 'rejected');
+    void model.poll.refresh();
+    expect(await done).toBe('resolved');
+    expect(model.kernelHost).toBeNull();
+    expect(model.error).toBeNull();
+  });
+
+  it('forgets the host memory of the previous kernel at once', async () => {
+    api.samples.push(sampleAt(1000));
+    api.hostAnswer = HOST;
+    model.kernelId = 'k1';
+    const done = phase(model.poll, 'resolved', 'rejected');
+    void model.start();
+    await done;
+    expect(model.kernelHost).not.toBeNull();
+    model.kernelId = null;
+    expect(model.kernelHost).toBeNull();
   });
 });
 

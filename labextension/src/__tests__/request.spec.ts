@@ -1,6 +1,12 @@
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ApiError, fetchHistory, fetchKernelProcesses, fetchSample } from '../request';
+import {
+  ApiError,
+  fetchHistory,
+  fetchKernelHost,
+  fetchKernelProcesses,
+  fetchSample
+} from '../request';
 import { fixture } from './helpers';
 
 /** Server settings whose fetch answers from a script and records the URLs asked. */
@@ -39,6 +45,21 @@ describe('request', () => {
     );
     await fetchKernelProcesses('a b', settings);
     expect(urls[0]).toContain('/jupyter-gpumem/api/kernels/a%20b/processes');
+  });
+
+  it("fetches a kernel's host memory", async () => {
+    const body = {
+      kernel_id: 'a b',
+      pid: 12,
+      pids: [12],
+      rss_bytes: 1024,
+      host_total_bytes: 4096,
+      host_available_bytes: 2048,
+      reason: null
+    };
+    const { settings, urls } = settingsAnswering(200, JSON.stringify(body));
+    expect(await fetchKernelHost('a b', settings)).toEqual(body);
+    expect(urls).toEqual(['http://localhost:8888/base/jupyter-gpumem/api/kernels/a%20b/host']);
   });
 
   it('throws on HTTP errors, with the status and the server message', async () => {

@@ -4,7 +4,7 @@ import { IPoint } from '../model';
 import { collectReports, IReportEntry } from '../reports';
 import { ISidebarProps, SidebarView } from '../sidebar';
 import { statusText } from '../statusbar';
-import { parseSample, REPORT_MIME_TYPE } from '../types';
+import { IKernelHost, parseSample, REPORT_MIME_TYPE } from '../types';
 import { click, fixture, HOSTILE, render } from './helpers';
 
 function props(overrides: Partial<ISidebarProps> = {}): ISidebarProps {
@@ -22,12 +22,62 @@ function props(overrides: Partial<ISidebarProps> = {}): ISidebarProps {
     window_s: 300,
     kernelPids: new Set(),
     kernelProcesses: null,
+    kernelId: null,
+    kernelHost: null,
     notebookTitle: null,
     reports: [],
     onReveal: () => undefined,
     units: 'GiB',
     ...overrides
   };
+}
+
+const HOST: IKernelHost = {
+  kernel_id: 'k1',
+  pid: 4321,
+  pids: [4321, 4330, 4331],
+  rss_bytes: 300 * 2 ** 20,
+  host_total_bytes: 16 * 2 ** 30,
+  host_available_bytes: 9 * 2 ** 30,
+  reason: null
+};
+
+/** A report of CPU tensors, as the kernel sends it without CUDA (8 MiB peak). */
+function cpuReport(name: string, execution_count: number): any {
+  return {
+    schema: 1,
+    id: name,
+    name,
+    execution_count,
+    started_at: execution_count,
+    wall_s: 2.27,
+    status: 'ok',
+    cuda_available: false,
+    source: 'cpu-dispatch',
+    notes: ['No CUDA device is present: the cell ran unchanged and no GPU memory was measured.'],
+    warnings: [],
+    leak_hints: [],
+    devices: [
+      {
+        device: 'cpu',
+        index: -1,
+        name: 'CPU tensors',
+        peak_allocated_bytes: 8 * 2 ** 20,
+        peak_reserved_bytes: 8 * 2 ** 20,
+        cache_bytes: 0,
+        breakdown: null,
+        peak_phase: 'other',
+        peak_step: 0,
+        timeline: null,
+        tensors: [],
+        oom: null
+      }
+    ]
+  };
+}
+
+function noGpuSample(reason: string) {
+  return { ...parseSample(fixture('sample.json')), available: false, reason, devices: [] };
 }
 
 function reportCell(id: string, report: any) {
@@ -78,6 +128,63 @@ describe('SidebarView', () => {
       'NVML unavailableDriver not loaded'.replace('Driver', 'driver')
     );
     expect(host.querySelector('.jp-GpuMem-card')).toBeNull();
+  });
+
+  it('without a GPU, says why and what to do, and shows the kernel and its CPU reports', () => {
+    const reports = collectReports([reportCell('a', cpuReport('cpu', 3))]);
+    const host = render(
+      <SidebarView
+        {...props({
+          sample: noGpuSample('library not found'),
+          kernelId: 'k1',
+          kernelHost: HOST,
+          notebookTitle: 'Untitled.ipynb',
+          reports
+        })}
+      />
+    );
+    expect(host.querySelector('.jp-GpuMem-noGpuHelp')?.textContent).toBe(
+      'No NVIDIA GPU is visible to this server (NVML: library not found). Reports of CPU ' +
+        'tensors still appear below; run on a machine with an NVIDIA driver for live GPU gauges.'
+    );
+    const section = host.querySelector('.jp-GpuMem-host');
+    expect(section?.querySelector('[role=meter]')?.getAttribute('aria-valuetext')).toBe(
+      '0.29/16 GiB (2%)'
+    );
+    expect(section?.querySelector('.jp-GpuMem-hostDetail')?.textContent).toBe(
+      'RSS 300 MiB of pid 4321 and 2 child processes · 9 GiB available on this machine'
+    );
+    const item = host.querySelector('.jp-GpuMem-reportItem')?.textContent ?? '';
+    expect(item).toContain('[3] cpu');
+    expect(item).toContain('peak 8 MiB (CPU) · 2.27 s');
+  });
+
+  it("says what it knows of the kernel's host memory, and why not", () => {
+    const unknown = { ...HOST, pid: null, pids: [], rss_bytes: null, reason: 'no /proc on this platform' };
+    const cases: Array<[Partial<ISidebarProps>, string | null]> = [
+      [{ notebookTitle: null }, null],
+      [{ notebookTitle: 'a.ipynb' }, 'This notebook has no running kernel.'],
+      [{ notebookTitle: 'a.ipynb', kernelId: 'k1' }, "Reading the kernel's memory…"],
+      [
+        { notebookTitle: 'a.ipynb', kernelId: 'k1', kernelHost: unknown },
+        'Host memory unknown: no /proc on this platform'
+      ]
+    ];
+    for (const [overrides, text] of cases) {
+      const host = render(<SidebarView {...props({ sample: noGpuSample('library not found'), ...overrides })} />);
+      const section = host.querySelector('.jp-GpuMem-host');
+      if (text === null) {
+        expect(section).toBeNull();
+      } else {
+        expect(section?.textContent).toBe(`Kernel host memory${text}`);
+      }
+    }
+  });
+
+  it('keeps "Reading the GPUs" while the server sampler starts', () => {
+    const host = render(<SidebarView {...props({ sample: noGpuSample('sampler starting') })} />);
+    expect(host.querySelector('.jp-GpuMem-noGpu')).toBeNull();
+    expect(host.textContent).toContain('Reading the GPUs…');
   });
 
   it('says when the server cannot be reached', () => {
@@ -144,6 +251,20 @@ describe('statusText', () => {
     const sample = { ...parseSample(fixture('sample.json')), available: false, reason: 'no permission' };
     const status = statusText(sample, null, 'GiB');
     expect(status.text).toBe('GPU: n/a');
-    expect(status.title).toContain('no permission');
+    expect(status.title).toContain('This server may not read the GPUs (NVML: no permission)');
+  });
+
+  it("shows the kernel's host memory when there is no GPU", () => {
+    const status = statusText(noGpuSample('library not found'), null, 'GiB', HOST);
+    expect(status.text).toBe('GPU: n/a · kernel 300 MiB');
+    expect(status.title).toContain('No NVIDIA GPU is visible to this server');
+    expect(status.title).toContain("This notebook's kernel holds 300 MiB of host memory (RSS).");
+    expect(statusText(noGpuSample('library not found'), null, 'GB', HOST).text).toBe(
+      'GPU: n/a · kernel 315 MB'
+    );
+    // With a GPU, the GPU comes first.
+    expect(statusText(parseSample(fixture('sample.json')), null, 'GiB', HOST).text).toBe(
+      'GPU 0: 16.5/79.6 GiB'
+    );
   });
 });

@@ -1,5 +1,6 @@
 import {
   parseHistory,
+  parseKernelHost,
   parseKernelProcesses,
   parseReport,
   parseSample,
@@ -195,5 +196,41 @@ describe('parseReport', () => {
   it('rejects what is not a report', () => {
     expect(() => parseReport('<b>hi</b>')).toThrow(WireFormatError);
     expect(() => parseReport({ status: 'ok', devices: {} })).toThrow('.devices');
+  });
+});
+
+describe('parseKernelHost', () => {
+  it('reads bytes, and null with a reason where the server could not', () => {
+    const known = parseKernelHost({
+      kernel_id: 'k',
+      pid: 7,
+      pids: [7, 9],
+      rss_bytes: 314572800,
+      host_total_bytes: 17179869184,
+      host_available_bytes: 9663676416,
+      reason: null
+    });
+    expect(known.pids).toEqual([7, 9]);
+    expect(known.rss_bytes).toBe(314572800);
+    const unknown = parseKernelHost({
+      kernel_id: 'k',
+      pid: null,
+      pids: [],
+      rss_bytes: null,
+      host_total_bytes: null,
+      host_available_bytes: null,
+      reason: 'no /proc on this platform'
+    });
+    expect([unknown.pid, unknown.rss_bytes, unknown.reason]).toEqual([
+      null,
+      null,
+      'no /proc on this platform'
+    ]);
+  });
+
+  it('refuses a wrong shape', () => {
+    expect(() => parseKernelHost({ kernel_id: 'k', rss_bytes: '300 MB' })).toThrow(
+      'expected a number at .rss_bytes'
+    );
   });
 });
