@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -18,6 +19,11 @@ from jupyter_gpumem.analysis.leaks import LeakHint
 from jupyter_gpumem.analysis.timeline import Timeline
 from jupyter_gpumem.units import format_bytes, format_seconds
 
+# Tensor names longer than this are shortened from the left (their end tells them apart); up
+# to it, the name column takes the room it needs.
+NAME_WIDTH = 72  # text
+HTML_NAME_WIDTH = 120
+_CODE = re.compile(r"`([^`\n]+)`")  # code spans in hint texts (the JSON keeps the backticks)
 MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
 SCHEMA = 1
 # Recorded in `Report.notes` when torch sees no CUDA device; `shown_notes` words it for what the
@@ -233,7 +239,7 @@ def render_text(r: Report) -> str:
     if main is not None:
         lines.extend(_detail_lines(main))
     lines.extend(f"warning: {w}" for w in r.warnings)
-    lines.extend(f"leak: {h.message} Fix: {h.fix}" for h in r.leak_hints)
+    lines.extend(f"leak: {_plain(h.message)} Fix: {_plain(h.fix)}" for h in r.leak_hints)
     lines.extend(f"note: {n}" for n in r.shown_notes())
     return "\n".join(lines)
 
@@ -245,8 +251,32 @@ def _where(d: DeviceReport) -> str:
     return f" ({d.peak_phase}{step})"
 
 
+def _plain(text: str) -> str:
+    """Hint text for plain output: code spans without their backticks."""
+    return _CODE.sub(r"\1", text)
+
+
+def _code_html(text: str) -> str:
+    """Hint text for HTML: escaped, code spans as <code>."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
+def _short(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters, keeping its end (``…h.11.mlp.weight]['exp_avg']``)."""
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
+def _shape(t: TensorRecord) -> str:
+    return "x".join(map(str, t.shape)) if t.shape is not None else "?"
+
+
 def _detail_lines(d: DeviceReport) -> list[str]:
     """Breakdown at the peak, out-of-memory advice and the tensor delta of one device."""
+    return [*_peak_lines(d), *_alive_lines(d), *_freed_lines(d)]
+
+
+def _peak_lines(d: DeviceReport) -> list[str]:
+    """Breakdown at the peak and out-of-memory advice."""
     lines: list[str] = []
     if d.breakdown:
         lines.append(f"at the peak{_where(d)} on {d.device}:")
@@ -261,17 +291,26 @@ def _detail_lines(d: DeviceReport) -> list[str]:
             f"out of memory asking for {format_bytes(d.oom.requested_bytes)}: "
             f"{d.oom.dominant.replace('_', ' ')} dominated what was live; try {d.oom.advice}"
         )
+    return lines
+
+
+def _alive_lines(d: DeviceReport) -> list[str]:
+    """The tensors the cell left alive, one line each."""
     alive = [t for t in d.tensors if t.alive]
-    if alive:
-        lines.append("tensors the cell left alive:")
-        width = min(48, max(len(t.name or "(unnamed)") for t in alive))
-        for t in alive:
-            name = t.name or "(unnamed)"
-            name = name if len(name) <= width else "…" + name[-(width - 1) :]  # the end tells them apart
-            shape = "x".join(map(str, t.shape)) if t.shape is not None else "?"
-            lines.append(
-                f"  {name:<{width}} {shape:>14} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
-            )
+    if not alive:
+        return []
+    lines = ["tensors the cell left alive:"]
+    width = min(NAME_WIDTH, max(len(t.name or "(unnamed)") for t in alive))
+    for t in alive:
+        name = _short(t.name or "(unnamed)", width)
+        lines.append(
+            f"  {name:<{width}} {_shape(t):>14} {t.dtype or '':>9} {format_bytes(t.nbytes):>11}  {t.line or ''}"
+        )
+    return lines
+
+
+def _freed_lines(d: DeviceReport) -> list[str]:
+    lines: list[str] = []
     freed = [t for t in d.tensors if not t.alive]
     if freed:
         biggest = freed[0]
@@ -309,20 +348,53 @@ def render_html(r: Report) -> str:
         parts.append(
             f"<p>Budget {esc(format_bytes(r.budget_bytes))}: peak is {verdict} budget.</p>"
         )
-    if r.main is not None and (details := _detail_lines(r.main)):
+    if r.main is not None and (details := _peak_lines(r.main)):
         parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
+    if r.main is not None:
+        parts.append(_alive_html(r.main, style))
+        freed = _freed_lines(r.main)
+        parts.extend(f'<pre style="margin:.4em 0">{esc(line)}</pre>' for line in freed)
     if r.timeline is not None and len(r.timeline.t_s) > 1:
         parts.append(_timeline_svg(r.timeline, r.name or ""))
     parts.extend(
         f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in r.warnings
     )
     parts.extend(
-        f"<p><strong>Leak:</strong> {esc(h.message)} <em>Fix:</em> {esc(h.fix)}</p>"
+        f"<p><strong>Leak:</strong> {_code_html(h.message)} <em>Fix:</em> {_code_html(h.fix)}</p>"
         for h in r.leak_hints
     )
     parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.shown_notes())
     parts.append("</div>")
     return "".join(parts)
+
+
+def _alive_html(d: DeviceReport, style: str) -> str:
+    """The tensors left alive as a table whose name column takes the room it needs."""
+    alive = [t for t in d.tensors if t.alive]
+    if not alive:
+        return ""
+    esc = html.escape
+    cell = "padding:0 .8em 0 0;white-space:nowrap;text-align:left"
+    num = f"{cell};text-align:right"
+    heads = [("name", cell), ("shape", num), ("dtype", cell), ("size", num), ("line", cell)]
+    rows = []
+    for t in alive:
+        name = t.name or "(unnamed)"
+        values = [
+            (esc(_short(name, HTML_NAME_WIDTH)), cell),
+            (esc(_shape(t)), num),
+            (esc(t.dtype or ""), cell),
+            (esc(format_bytes(t.nbytes)), num),
+            (esc(t.line or ""), cell),
+        ]
+        tds = "".join(f'<td style="{s}">{v}</td>' for v, s in values)
+        rows.append(f'<tr title="{esc(name)}">{tds}</tr>')
+    head = "".join(f'<th style="{s}">{h}</th>' for h, s in heads)
+    return (
+        '<div style="margin:.4em 0 .2em">Tensors the cell left alive:</div>'
+        f'<table class="jp-gpumem-tensors" style="{style}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _timeline_svg(timeline: Timeline, title: str) -> str:

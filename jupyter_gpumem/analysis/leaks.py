@@ -76,7 +76,8 @@ def output_cache_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
         nbytes,
         f"IPython's output cache holds {format_bytes(nbytes)} of tensors "
         f"that nothing else references ({_names(where)}).",
-        "Run `%gpumem free`, or end cells that return a tensor with `;` so it is not cached.",
+        "Run `%gpumem free`, or end cells that return a tensor with a semicolon (`;`) so that "
+        "the output is not cached.",
         tuple(where),
     )
 

@@ -1,8 +1,10 @@
 """The cell timeline drawn two ways: a bqplot figure, and a static SVG where widgets do not render.
 
 Both show allocated and reserved memory over the cell's run, the forward/backward/optimizer
-phases as translucent bands, and the peak as a labelled point. The y unit (GiB or MiB) is
-chosen from the largest value; colours are mid-tone so they read on light and dark themes.
+phases as translucent bands, and the peak as a point whose label sits above the plot area
+(joined to it by a leader), clear of the curves. Reserved memory is drawn only where it differs
+from allocated (on the CPU the two are one series). The y unit (GiB or MiB) is chosen from the
+largest value; colours are mid-tone so they read on light and dark themes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ def _by_phase(bands: Sequence[PhaseBand]) -> dict[str, list[PhaseBand]]:
     return {p: grouped[p] for p in PHASES if p in grouped}
 
 
+def _series(tl: Timeline) -> list[tuple[str, tuple[int, ...]]]:
+    """The series worth drawing, back to front: reserved only when it is not allocated again."""
+    out: list[tuple[str, tuple[int, ...]]] = []
+    if tl.reserved_bytes and tuple(tl.reserved_bytes) != tuple(tl.allocated_bytes):
+        out.append(("reserved", tuple(tl.reserved_bytes)))
+    if tl.allocated_bytes:
+        out.append(("allocated", tuple(tl.allocated_bytes)))
+    return out
+
+
 def _peak_text(tl: Timeline) -> str:
     return f"peak {format_bytes(tl.peak_bytes)} at {format_seconds(tl.peak_t_s)}"
 
@@ -94,10 +106,8 @@ def timeline_figure(tl: Timeline, *, title: str = "") -> Figure:
             )
         )
     t = list(tl.t_s)
-    for series, values, style in (
-        ("reserved", tl.reserved_bytes, "dashed"),
-        ("allocated", tl.allocated_bytes, "solid"),
-    ):
+    for series, values in _series(tl):
+        style = "dashed" if series == "reserved" else "solid"
         marks.append(
             Lines(
                 x=t,
@@ -114,6 +124,17 @@ def timeline_figure(tl: Timeline, *, title: str = "") -> Figure:
         peak = tl.peak_bytes / scale
         color = SERIES_COLORS["peak"]
         marks.append(
+            Lines(
+                x=[tl.peak_t_s, tl.peak_t_s],
+                y=[peak, top],
+                scales=scales,
+                colors=[color],
+                line_style="dotted",
+                stroke_width=1,
+                labels=["peak"],
+            )
+        )
+        marks.append(
             Scatter(
                 x=[tl.peak_t_s],
                 y=[peak],
@@ -125,14 +146,13 @@ def timeline_figure(tl: Timeline, *, title: str = "") -> Figure:
         marks.append(
             Label(
                 x=[tl.peak_t_s],
-                y=[peak],
+                y=[top],
                 scales=scales,
                 text=[_peak_text(tl)],
                 colors=[color],
                 default_size=12,
-                x_offset=6,
-                y_offset=-6,
-                align="end" if tl.peak_t_s > 0.7 * (_end_s(tl) or 1.0) else "start",
+                y_offset=-4,  # in the top margin, above the plot area
+                align=_align(tl.peak_t_s / (_end_s(tl) or 1.0)),
             )
         )
     axes = [
@@ -145,9 +165,14 @@ def timeline_figure(tl: Timeline, *, title: str = "") -> Figure:
         title=title,
         legend_location="top-left",
         animation_duration=0,
-        fig_margin={"top": 24 if title else 10, "bottom": 40, "left": 56, "right": 12},
+        fig_margin={"top": 40 if title else 20, "bottom": 40, "left": 56, "right": 12},
         layout=widgets.Layout(height="220px", width="100%"),
     )
+
+
+def _align(fraction: float) -> str:
+    """Text anchor for a label at ``fraction`` of the width, so that it stays inside."""
+    return "start" if fraction < 0.3 else "end" if fraction > 0.7 else "middle"
 
 
 # -- static SVG ---------------------------------------------------------------------------
@@ -163,8 +188,8 @@ def timeline_svg(tl: Timeline, width: int = 640, height: int = 180, *, title: st
     """The same chart as a self-contained inline SVG string (no scripts, all text escaped)."""
     if width < 160 or height < 80:
         raise ValueError(f"the SVG needs width >= 160 and height >= 80, got {width}x{height}")
-    left, right, bottom, legend = 56, 10, 20, 16
-    x0, x1, y0, y1 = left, width - right, 4 + legend, height - bottom
+    left, right, bottom, legend, peak_row = 56, 10, 20, 16, 14
+    x0, x1, y0, y1 = left, width - right, 4 + legend + peak_row, height - bottom
     end_s = _end_s(tl) or 1.0
     top = _top_bytes(tl) * HEADROOM or 1.0
 
@@ -203,12 +228,9 @@ def timeline_svg(tl: Timeline, width: int = 640, height: int = 180, *, title: st
         f'<text x="{_num(x)}" y="{_num(y)}" text-anchor="{a}" fill="currentColor">{_esc(s)}</text>'
         for x, y, a, s in ticks
     ]
-    for series, values, dash in (
-        ("reserved", tl.reserved_bytes, ' stroke-dasharray="4 3"'),
-        ("allocated", tl.allocated_bytes, ""),
-    ):
-        if not values:
-            continue
+    drawn = _series(tl)
+    for series, values in drawn:
+        dash = ' stroke-dasharray="4 3"' if series == "reserved" else ""
         points = " L".join(
             f"{_num(px(t))},{_num(py(v))}" for t, v in zip(tl.t_s, values, strict=False)
         )
@@ -218,17 +240,25 @@ def timeline_svg(tl: Timeline, width: int = 640, height: int = 180, *, title: st
         )
     if tl.t_s:
         cx, cy = px(tl.peak_t_s), py(tl.peak_bytes)
-        anchor, dx = ("end", -6) if cx > x0 + 0.7 * (x1 - x0) else ("start", 6)
+        anchor = _align((cx - x0) / (x1 - x0))
         color = SERIES_COLORS["peak"]
+        # The label has its own row above the plot area; a dotted leader drops to the point.
+        out.append(
+            f'<path class="peak-leader" d="M{_num(cx)},{_num(y0 - 3)} V{_num(cy - 3.5)}" '
+            f'stroke="{color}" stroke-width="1" stroke-dasharray="1 2" fill="none"/>'
+        )
         out.append(
             f'<circle class="peak" cx="{_num(cx)}" cy="{_num(cy)}" r="3.5" fill="{color}">'
             f"<title>{_esc(_peak_text(tl))}</title></circle>"
         )
         out.append(
-            f'<text class="peak-label" x="{_num(cx + dx)}" y="{_num(max(y0 + 8, cy - 5))}" '
+            f'<text class="peak-label" x="{_num(cx)}" y="{_num(y0 - 5)}" '
             f'text-anchor="{anchor}" fill="{color}">{_esc(_peak_text(tl))}</text>'
         )
-    legend_items = [(s, SERIES_COLORS[s]) for s in ("allocated", "reserved")]
+    shown = dict(drawn)
+    legend_items: list[tuple[str, str]] = [
+        (s, SERIES_COLORS[s]) for s in ("allocated", "reserved") if s in shown
+    ]
     legend_items += [(p, PHASE_COLORS[p]) for p in phases]
     x = float(x0)
     for name, color in legend_items:

@@ -39,7 +39,7 @@ def marks_by_label(fig: object) -> dict[str, Lines]:
 def test_figure_has_lines_bands_and_peak_in_gib() -> None:
     fig = timeline_figure(TRAIN)
     lines = marks_by_label(fig)
-    assert list(lines) == ["forward", "backward", "optimizer", "reserved", "allocated"]
+    assert list(lines) == ["forward", "backward", "optimizer", "reserved", "allocated", "peak"]
     assert list(lines["allocated"].x) == [0.0, 0.1, 0.2, 0.3, 0.4]
     assert list(lines["allocated"].y) == [1.0, 2.0, 3.0, 2.0, 1.0]
     assert list(lines["reserved"].y) == [2.0, 3.0, 4.0, 4.0, 4.0]
@@ -55,6 +55,10 @@ def test_figure_has_lines_bands_and_peak_in_gib() -> None:
     assert (list(peak.x), list(peak.y)) == ([0.2], [3.0])
     (label,) = [m for m in fig.marks if isinstance(m, Label)]
     assert list(label.text) == ["peak 3.00 GiB at 200 ms"]
+    # the label sits at the top edge, pushed up into the margin, joined to the point by a leader
+    assert (list(label.x), list(label.y), label.y_offset) == ([0.2], [top], -4)
+    assert (list(lines["peak"].x), list(lines["peak"].y)) == ([0.2, 0.2], [3.0, top])
+    assert not lines["peak"].display_legend
     assert fig.axes[1].label == "memory (GiB)"
     assert fig.axes[0].label == "time (s)"
     assert fig.layout.height == "220px"
@@ -133,3 +137,39 @@ def test_svg_escapes_all_text() -> None:
 def test_svg_rejects_a_size_too_small_to_draw() -> None:
     with pytest.raises(ValueError, match="width >= 160 and height >= 80"):
         timeline_svg(TRAIN, width=100)
+
+
+CPU = Timeline(
+    t_s=(0.0, 0.1, 0.2, 0.3),
+    allocated_bytes=(MiB, 6 * MiB, 3 * MiB, 2 * MiB),
+    reserved_bytes=(MiB, 6 * MiB, 3 * MiB, 2 * MiB),  # the CPU source: reserved is allocated
+    bands=(PhaseBand(0.0, 0.3, "forward", 0),),
+    peak_t_s=0.1,
+    peak_bytes=6 * MiB,
+)
+
+
+def test_reserved_is_drawn_and_listed_only_when_it_differs_from_allocated() -> None:
+    assert "reserved" not in marks_by_label(timeline_figure(CPU))
+    root = ET.fromstring(timeline_svg(CPU))
+    series = [p.get("data-series") for p in root.iter(f"{SVG}path") if p.get("data-series")]
+    assert series == ["allocated"]
+    assert "reserved" not in [t.text for t in root.iter(f"{SVG}text")]
+    no_reserved = Timeline(CPU.t_s, CPU.allocated_bytes, (), CPU.bands, CPU.peak_t_s, CPU.peak_bytes)
+    assert "reserved" not in [t.text for t in ET.fromstring(timeline_svg(no_reserved)).iter(f"{SVG}text")]
+
+
+@pytest.mark.parametrize("timeline", [TRAIN, CPU], ids=["gpu", "cpu"])
+def test_svg_peak_label_sits_above_the_plot_area_with_a_leader(timeline: Timeline) -> None:
+    root = ET.fromstring(timeline_svg(timeline, width=640, height=180))
+    axis = next(p for p in root.iter(f"{SVG}path") if p.get("class") == "axis")
+    plot_top = float(re.findall(r"[\d.]+", axis.get("d", ""))[1])
+    (label,) = [t for t in root.iter(f"{SVG}text") if t.get("class") == "peak-label"]
+    assert float(label.get("y", "")) < plot_top  # above every curve, whatever their shape
+    (circle,) = root.iter(f"{SVG}circle")
+    (leader,) = [p for p in root.iter(f"{SVG}path") if p.get("class") == "peak-leader"]
+    x, top, bottom = (float(v) for v in re.findall(r"[\d.]+", leader.get("d", "")))
+    assert x == float(circle.get("cx", "")) == float(label.get("x", ""))
+    assert top < plot_top and bottom < float(circle.get("cy", ""))
+    legend = [t for t in root.iter(f"{SVG}text") if t.text in ("allocated", "forward")]
+    assert all(float(t.get("y", "")) < float(label.get("y", "")) for t in legend)  # own row

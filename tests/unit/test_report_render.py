@@ -89,3 +89,43 @@ def test_no_cuda_note_says_what_the_cpu_figures_are() -> None:
     assert shown.to_dict()["notes"] == [plain]
     nothing = _report(cuda_available=False, devices=(), notes=(NO_CUDA,))  # nothing stood in
     assert nothing.shown_notes() == (NO_CUDA,)
+
+
+LONG = "opt.state[model.transformer.h.11.mlp.c_proj.weight]['exp_avg_sq']"  # 66 characters
+
+
+def _with_tensors(*names: str) -> Report:
+    from dataclasses import replace
+
+    tensors = tuple(
+        TensorRecord(n, (3072, 768), "float32", 9 * MiB, "cuda:0", "cell line 7", True) for n in names
+    )
+    return _report(devices=(replace(_report().devices[0], tensors=tensors),))
+
+
+def test_tensor_names_get_the_room_they_need_and_are_shortened_only_past_it() -> None:
+    text = str(_with_tensors(LONG, "x"))
+    assert f"  {LONG}       3072x768   float32    9.00 MiB  cell line 7" in text
+    assert f"  {'x':<{len(LONG)}}       3072x768" in text
+    huge = "model." + ".".join(f"block{i}" for i in range(12)) + ".weight.grad"  # 90 characters
+    line = next(li for li in str(_with_tensors(huge)).splitlines() if "3072x768" in li)
+    assert line.startswith("  …") and huge[-71:] in line  # 72 wide, the distinguishing end kept
+    page = _with_tensors(LONG, huge)._repr_mimebundle_()["text/html"]
+    table = page[page.index('<table class="jp-gpumem-tensors"') :]
+    assert f">{LONG.replace(chr(39), '&#x27;')}</td>" in table and f">{huge}</td>" in table  # whole
+    assert table.count("white-space:nowrap") >= 5 * 3  # no cell of the table wraps
+
+
+def test_code_spans_in_hints_are_code_in_html_and_plain_in_text() -> None:
+    from jupyter_gpumem.analysis.leaks import graph_hint, output_cache_hint
+
+    hints = (graph_hint(MiB, ["loss"]), output_cache_hint(MiB, ["Out[3]"]))
+    assert hints[0] is not None and "`loss.item()`" in hints[0].fix  # the record keeps the markup
+    shown = _report(leak_hints=hints)
+    text = str(shown)
+    assert "`" not in text and "Store loss.item() or loss.detach() instead" in text
+    assert "Run %gpumem free, or end cells that return a tensor with a semicolon (;) so" in text
+    page = shown._repr_mimebundle_()["text/html"]
+    assert "`" not in page
+    assert "<code>loss.item()</code>" in page and "<code>%gpumem free</code>" in page
+    assert shown.to_dict()["leak_hints"][0]["fix"] == hints[0].fix
