@@ -12,8 +12,10 @@ from jupyter_gpumem.analysis.breakdown import (
     peak_phase,
     tensor_records,
 )
+from jupyter_gpumem.analysis.peaks import DevicePeaks
 from jupyter_gpumem.analysis.replay import Live, Replay, TraceEvent
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
+from jupyter_gpumem.tracking.cuda import StepSample
 from jupyter_gpumem.tracking.namespace import NamedStorage
 from jupyter_gpumem.tracking.tags import PhaseMark, Tag
 
@@ -108,7 +110,50 @@ def timeline(
     allocated = [replay.allocated_start, *replay.allocated_series]
     reserved = [replay.reserved_start, *replay.reserved_series]
     ts, al, re = downsample(t, allocated, reserved)
-    end_s = t[-1]
+    peak_t = t[replay.peak_index + 1] if replay.peak_index >= 0 else 0.0
+    return Timeline(ts, al, re, _bands(marks, t0, t[-1]), peak_t, replay.peak_allocated)
+
+
+def cell_timeline(
+    peaks: DevicePeaks,
+    samples: Sequence[StepSample],
+    marks: Sequence[PhaseMark],
+    started_at_us: int,
+) -> Timeline:
+    """Every event of the detailed windows, and the counters read at steps in between."""
+    t0 = started_at_us
+    points: list[tuple[int, int, int]] = []  # (time_us, allocated, reserved)
+    peak_us = t0
+    for wr in peaks.windows:
+        r, w = wr.replay, wr.window
+        points.append((w.started_us, r.allocated_start, r.reserved_start))
+        points.extend(
+            (e.time_us, a, res)
+            for e, a, res in zip(w.events, r.allocated_series, r.reserved_series, strict=True)
+        )
+        if wr.replay is peaks.replay and r.peak_index >= 0:
+            peak_us = w.events[r.peak_index].time_us
+    previous = t0
+    for sample in samples:
+        # the highest point since the previous reading, then where the step boundary left it
+        points.append(
+            ((previous + sample.time_us) // 2, sample.peak_allocated, sample.peak_reserved)
+        )
+        points.append((sample.time_us, sample.allocated, sample.reserved))
+        if peaks.replay is None or sample.peak_allocated > peaks.replay.peak_allocated:
+            if sample.peak_allocated == peaks.peak_allocated and peak_us == t0:
+                peak_us = (previous + sample.time_us) // 2
+        previous = sample.time_us
+    points.sort(key=lambda p: p[0])
+    t = [max(0.0, (p[0] - t0) / 1e6) for p in points]
+    ts, al, re = downsample(t, [p[1] for p in points], [p[2] for p in points])
+    end_s = t[-1] if t else 0.0
+    return Timeline(
+        ts, al, re, _bands(marks, t0, end_s), max(0.0, (peak_us - t0) / 1e6), peaks.peak_allocated
+    )
+
+
+def _bands(marks: Sequence[PhaseMark], t0: int, end_s: float) -> tuple[PhaseBand, ...]:
     bands = []
     for i, mark in enumerate(marks):
         if mark.phase == "other":
@@ -122,5 +167,4 @@ def timeline(
                 mark.step,
             )
         )
-    peak_t = t[replay.peak_index + 1] if replay.peak_index >= 0 else 0.0
-    return Timeline(ts, al, re, tuple(bands), peak_t, replay.peak_allocated)
+    return tuple(bands)

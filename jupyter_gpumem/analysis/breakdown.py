@@ -10,7 +10,7 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jupyter_gpumem.analysis.replay import Live, TraceEvent
+from jupyter_gpumem.analysis.replay import BlockState, Live, TraceEvent, round_size
 from jupyter_gpumem.tracking.namespace import NamedStorage
 from jupyter_gpumem.tracking.tags import PhaseMark, Tag
 
@@ -174,6 +174,53 @@ def tensor_records(
             alive=False,
         )
         for ev in sorted(freed, key=lambda e: -e.size)[:top]
+    ]
+    return tuple(alive[:top]) + tuple(gone)
+
+
+def tensors_at_end(
+    events: Sequence[TraceEvent],
+    start_blocks: Sequence[Live],
+    end_blocks: Sequence[BlockState],
+    named: Mapping[int, NamedStorage],
+    *,
+    device: str,
+    cell: tuple[str, int] | None,
+    top: int,
+    marks: Sequence[PhaseMark] = (),
+) -> tuple[TensorRecord, ...]:
+    """Like :func:`tensor_records` for a cell traced in part: what is alive comes from the
+    allocator's layout at the end, where each block was made from the traced events."""
+    before = {(b.address, b.size) for b in start_blocks}
+    made: dict[int, TraceEvent] = {}
+    for ev in events:
+        if ev.action == "alloc":
+            made[ev.address] = ev
+    alive = []
+    for block in end_blocks:
+        if (block.address, block.size) in before:
+            continue
+        n = named.get(block.address)
+        origin = made.get(block.address)
+        line = None
+        if origin is not None and round_size(origin.size) == block.size:
+            line = source_line(origin, cell) or _during(marks, origin)
+        alive.append(
+            TensorRecord(
+                name=n.name if n else None,
+                shape=n.shape if n else None,
+                dtype=n.dtype if n else None,
+                nbytes=n.nbytes if n else block.size,
+                device=device,
+                line=line or "between the recorded steps",
+                alive=True,
+            )
+        )
+    alive.sort(key=lambda r: (r.name is None, -r.nbytes))
+    gone = [
+        r
+        for r in tensor_records(events, named, device=device, cell=cell, top=top, marks=marks)
+        if not r.alive
     ]
     return tuple(alive[:top]) + tuple(gone)
 

@@ -7,12 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from jupyter_gpumem.analysis.attribution import Attribution, attribute
-from jupyter_gpumem.analysis.peaks import device_peaks
+from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
+from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
+from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks
 from jupyter_gpumem.analysis.replay import ALLOCATED, Live, Replay, TraceEvent, replay_exact
 from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.tracking.cell import CellRecording
-from jupyter_gpumem.tracking.cuda import DeviceRecording
+from jupyter_gpumem.tracking.cuda import DeviceRecording, TraceWindow
 from jupyter_gpumem.units import format_bytes
 
 
@@ -40,10 +41,8 @@ def build_report(
             notes.append(f"cuda:{index}: {peaks.note}")
         nvml = (process_bytes or {}).get(index)
         found = None
-        if peaks.replay is not None:
-            found = _attribute(
-                rec, peaks.replay, drec.events, _start_blocks(drec), f"cuda:{index}", cell, top
-            )
+        if peaks.replay is not None and peaks.window is not None:
+            found = _device_attribution(rec, drec, peaks, cell, top)
         devices.append(
             DeviceReport(
                 device=f"cuda:{index}",
@@ -101,6 +100,61 @@ def build_report(
     return report
 
 
+def _device_attribution(
+    rec: CellRecording,
+    drec: DeviceRecording,
+    peaks: DevicePeaks,
+    cell: tuple[str, int] | None,
+    top: int,
+) -> Attribution:
+    """Attribution from the window that reached the peak, spread over the whole cell."""
+    assert peaks.replay is not None and peaks.window is not None
+    window = peaks.window
+    device = f"cuda:{drec.index}"
+    started_us = int(rec.started_at * 1e6)
+    tags = rec.tags
+    if window.first_step > 0:  # a later window: the tagger tagged afresh when it began
+        tags = tuple(t for t in tags if t.time_us + CUDA_CLOCK_SLACK_US >= window.started_us)
+    found = attribute(
+        peaks.replay,
+        window.events,
+        _window_blocks(window),
+        tags=tags,
+        marks=rec.marks,
+        named=rec.named,
+        device=device,
+        started_at_us=started_us,
+        cell=cell,
+        top=top,
+    )
+    if len(peaks.windows) <= 1 and not drec.samples:
+        return found
+    breakdown = dict(found.breakdown)
+    missing = peaks.peak_allocated - peaks.replay.peak_allocated
+    breakdown["unattributed"] = breakdown.get("unattributed", 0) + missing
+    on_device = {a: n for a, n in rec.named.items() if n.device == device}
+    tensors = found.tensors
+    if drec.end_blocks is not None:
+        tensors = tensors_at_end(
+            [e for w in peaks.windows for e in w.window.events],
+            _window_blocks(drec.windows[0]) if drec.windows else (),
+            drec.end_blocks,
+            on_device,
+            device=device,
+            cell=cell,
+            top=top,
+            marks=rec.marks,
+        )
+    return replace(
+        found,
+        breakdown=breakdown,
+        peak_phase=found.peak_phase if missing == 0 else None,
+        peak_step=found.peak_step if missing == 0 else peaks.peak_step,
+        timeline=cell_timeline(peaks, drec.samples, rec.marks, started_us),
+        tensors=tensors,
+    )
+
+
 def _cpu_device(
     rec: CellRecording, *, cell: tuple[str, int] | None, top: int
 ) -> tuple[DeviceReport, str | None]:
@@ -109,7 +163,13 @@ def _cpu_device(
     start = tuple(Live(a, n, n, -1) for a, n in rec.cpu_start)
     replay = replay_exact(events, start=start)
     found = _attribute(rec, replay, events, start, "cpu", cell, top)
-    note = None if replay.exact else f"cpu: the tensor trace is incomplete ({replay.reason})"
+    notes = [] if replay.exact else [f"the tensor trace is incomplete ({replay.reason})"]
+    if rec.cpu_detail_until_us is not None:
+        notes.append(
+            f"tensor allocations recorded for the first steps only (of {rec.steps}); the CPU "
+            "keeps no peak counters to follow later steps, which are taken to repeat them"
+        )
+    note = "cpu: " + "; ".join(notes) if notes else None
     report = DeviceReport(
         device="cpu",
         index=-1,
@@ -167,10 +227,10 @@ def _found_fields(found: Attribution | None, *, tagged: bool) -> dict[str, Any]:
     }
 
 
-def _start_blocks(drec: DeviceRecording) -> tuple[Live, ...]:
+def _window_blocks(window: TraceWindow) -> tuple[Live, ...]:
     return tuple(
         Live(b.address, b.size, b.size, -1)
-        for seg in drec.segments_before
+        for seg in window.segments_before
         for b in seg.blocks
         if b.state == ALLOCATED
     )
@@ -188,10 +248,10 @@ def _touched(devices: Mapping[int, DeviceRecording]) -> dict[int, DeviceRecordin
     used = {
         i: d
         for i, d in devices.items()
-        if d.events
+        if any(w.events for w in d.windows)
         or d.allocated_after != d.allocated_before
         or d.reserved_after != d.reserved_before
-        or (d.peak_counters_reset and d.max_allocated_after > d.allocated_before)
+        or (d.cell_peak_allocated is not None and d.cell_peak_allocated > d.allocated_before)
     }
     if used or not devices:
         return used

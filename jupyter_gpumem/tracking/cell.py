@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.replay import TraceEvent
 from jupyter_gpumem.tracking.cuda import CudaSession, DeviceRecording, allocator_backend
+from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.namespace import NamedStorage, named_storages, walk
 from jupyter_gpumem.tracking.tags import PhaseMark, Tag, Tagger
 
@@ -26,6 +28,7 @@ class CellOptions:
     devices: Sequence[int] | None = None  # None: every device the cell touched
     all_devices: bool = False
     snapshot_path: str | None = None
+    detail_steps: int | None = DETAIL_STEPS  # None: the whole cell in detail
 
 
 @dataclass(frozen=True)
@@ -45,12 +48,16 @@ class CellRecording:
     cpu_start: tuple[
         tuple[int, int], ...
     ] = ()  # (address, bytes) of CPU storages alive at the start
+    cpu_detail_until_us: int | None = None  # when the CPU source stepped aside, if it did
+    steps: int = 0  # loop steps the cell ran (optimizer steps, else root-module forwards)
 
 
 class CellTracker:
     """``start()`` before the cell, ``stop(error)`` after it; never imports torch itself.
 
-    A failure of a tag or event source is logged and noted, never raised into the cell.
+    The cell is recorded in detail for its first steps and again after a new peak
+    (see :mod:`jupyter_gpumem.tracking.detail`). A failure of a tag or event source is
+    logged and noted, never raised into the cell.
     """
 
     def __init__(self, options: CellOptions, user_ns: Mapping[str, Any] | None = None) -> None:
@@ -60,9 +67,14 @@ class CellTracker:
         self._tagger: Tagger | None = None
         self._cpu: Any = None
         self._cpu_start: tuple[tuple[int, int], ...] = ()
+        self._cpu_until_us: int | None = None
         self._notes: list[str] = []
         self._t0 = 0.0
         self._started_at = 0.0
+        self._schedule: DetailSchedule | None = None
+        self._detailed = False
+        self._hooks: list[Any] = []
+        self._watch = RootWatch(lambda module, args: self._boundary("forward", module, args))
 
     def start(self) -> None:
         torch = sys.modules.get("torch")
@@ -84,13 +96,23 @@ class CellTracker:
                 self._cpu, self._cpu_start = started
         if torch is not None and self.options.trace:
             self._tagger = Tagger(torch, self.user_ns)
+            self._tagger.on_boundary = self._boundary
             if self._guarded("tags", self._tagger.start) is _FAILED:
                 self._tagger = None
+            self._detailed = True
+            steps = self.options.detail_steps
+            if steps is not None and not self.options.snapshot_path:
+                self._schedule = DetailSchedule(steps=steps)
+            self._guarded("optimizer hooks", lambda: self._hook_optimizers(torch))
         self._started_at = time.time()
         self._t0 = time.perf_counter()
 
     def stop(self, error: BaseException | None) -> CellRecording:
         wall_s = time.perf_counter() - self._t0
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._watch.stop()
         tags: tuple[Tag, ...] = ()
         marks: tuple[PhaseMark, ...] = ()
         if self._tagger is not None:
@@ -112,8 +134,9 @@ class CellTracker:
                 devices=self.options.devices,
                 counters_reason="torch was imported inside the cell",
             )
+        steps = self._schedule.position if self._schedule is not None else 0
         if self._session is not None:
-            devices = self._session.finish()
+            devices = self._session.finish(steps)
         named = named_storages(self.user_ns) if torch is not None else {}
         return CellRecording(
             started_at=self._started_at,
@@ -127,7 +150,68 @@ class CellTracker:
             named=named,
             cpu_events=cpu_events,
             cpu_start=self._cpu_start,
+            cpu_detail_until_us=self._cpu_until_us,
+            steps=steps,
         )
+
+    # -- step boundaries -----------------------------------------------------------
+    def _hook_optimizers(self, torch: Any) -> None:
+        """One global pair for the whole cell: ``Optimizer.step`` iterates them live."""
+        optim = importlib.import_module("torch.optim.optimizer")
+        self._hooks.append(optim.register_optimizer_step_pre_hook(self._optimizer_pre))
+        self._hooks.append(optim.register_optimizer_step_post_hook(self._optimizer_post))
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        tagger = self._tagger
+        if tagger is not None and tagger.active:
+            self._guarded("tags", lambda: tagger.optimizer_step_pre(optimizer))
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        tagger = self._tagger
+        if tagger is not None and tagger.active:
+            self._guarded("tags", lambda: tagger.optimizer_step_post(optimizer))
+        self._boundary("step", None, None)
+
+    def _boundary(self, kind: str, module: Any, args: Any) -> None:
+        """A step ended (``step``) or a root forward begins (``forward``)."""
+        schedule = self._schedule
+        if schedule is None or not schedule.boundary(kind):
+            return
+        if self._detailed:
+            if schedule.window_done() and (self._tagger is None or self._tagger.can_pause()):
+                if self._guarded("light mode", self._go_light) is _FAILED:
+                    self._schedule = None
+        elif self._session is not None and schedule.sample_due():
+            if self._guarded("light mode", lambda: self._sample(module, args)) is _FAILED:
+                self._schedule = None
+
+    def _go_light(self) -> None:
+        assert self._schedule is not None
+        step = self._schedule.position
+        self._detailed = False
+        if self._tagger is not None:
+            self._tagger.pause()
+            if not self._schedule.optimizer_steps:
+                self._watch.start(self._tagger.roots.values())
+        if self._session is not None:
+            self._session.end_window(step)
+        if self._cpu is not None:
+            self._cpu.pause()
+            self._cpu_until_us = time.time_ns() // 1000
+
+    def _sample(self, module: Any, args: Any) -> None:
+        assert self._schedule is not None and self._session is not None
+        schedule = self._schedule
+        higher = self._session.sample(schedule.position)
+        if higher and schedule.may_reenter() and self._session.trace:
+            schedule.reentered()
+            self._detailed = True
+            self._watch.stop()
+            self._session.begin_window(schedule.position)
+            if self._tagger is not None:
+                self._tagger.resume(schedule.optimizer_steps)
+                if module is not None:
+                    self._tagger.enter_forward(module, args)
 
     def _guarded(self, what: str, fn: Any) -> Any:
         try:

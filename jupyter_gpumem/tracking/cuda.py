@@ -22,14 +22,44 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.analysis.replay import BlockState, SegmentState, TraceEvent
+from jupyter_gpumem.tracking.counters import COUNTERS, Interval
 
 MAX_ENTRIES = 2_000_000
 _STATES = {"active_allocated": "allocated", "active_awaiting_free": "pending", "inactive": "free"}
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """A stretch of the cell recorded event by event: starting layout, events, counters."""
+
+    segments_before: tuple[SegmentState, ...]
+    events: tuple[TraceEvent, ...]
+    allocated_start: int
+    reserved_start: int
+    allocated_end: int  # the counters when the window closed: the replay must end on them
+    reserved_end: int
+    first_step: int  # the first loop step it covers
+    last_step: int | None  # the step it ended before; None if it lasted to the end of the cell
+    problem: str | None = None  # why the window's trace cannot be used; None when it can
+    started_us: int = 0  # unix microseconds, the clock of the trace and of the tags
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """The counters read at a step boundary outside the detailed windows."""
+
+    time_us: int
+    step: int
+    allocated: int  # at the boundary
+    reserved: int
+    peak_allocated: int  # highest since the previous sample
+    peak_reserved: int
 
 
 @dataclass(frozen=True)
@@ -45,10 +75,23 @@ class DeviceRecording:
     reserved_after: int
     max_allocated_after: int  # the allocator's (resettable) peak counters at the end
     max_reserved_after: int
-    segments_before: tuple[SegmentState, ...]
-    events: tuple[TraceEvent, ...]
-    trace_problem: str | None  # why the trace cannot be used; None when it can
-    peak_counters_reset: bool  # True when we reset the peak counters ourselves (--no-trace)
+    windows: tuple[TraceWindow, ...]  # detailed stretches, in order
+    samples: tuple[StepSample, ...] = ()  # step boundaries between and after the windows
+    cell_peak_allocated: int | None = None  # the cell's own peak counters; None if not kept
+    cell_peak_reserved: int | None = None
+    trace_problem: str | None = None  # why no window was traced; None when one was
+    end_blocks: tuple[BlockState, ...] | None = (
+        None  # allocated blocks at the end, after a light stretch
+    )
+
+    @property
+    def segments_before(self) -> tuple[SegmentState, ...]:
+        return self.windows[0].segments_before if self.windows else ()
+
+    @property
+    def events(self) -> tuple[TraceEvent, ...]:
+        """The first window's events: the whole cell's when it was detailed throughout."""
+        return self.windows[0].events if self.windows else ()
 
 
 class RecordingGuard:
@@ -98,8 +141,24 @@ class RecordingGuard:
 GUARD = RecordingGuard()
 
 
+@dataclass
+class _WindowStart:
+    segments: tuple[SegmentState, ...]
+    allocated: int
+    reserved: int
+    trace_len: int
+    trace_last: tuple[Any, ...] | None
+    step: int
+    started_us: int
+
+
 class CudaSession:
-    """Brackets one cell: ``start()`` before it runs, ``finish()`` after, even if it raised."""
+    """Brackets one cell: ``start()`` before it runs, ``finish()`` after, even if it raised.
+
+    In between, ``end_window()`` and ``begin_window()`` switch the allocator trace off and
+    on at step boundaries, and ``sample()`` reads the peak counters there; the cell's
+    exact peak comes from independent peak counters whatever the trace covered.
+    """
 
     def __init__(
         self,
@@ -115,59 +174,79 @@ class CudaSession:
         self.trace = trace
         self.counters_reason = counters_reason
         self.devices = devices
-        self._initialized_at_start = False
         self._we_record = False
         self._user_records = False
-        self._start_len: dict[int, int] = {}
-        self._start_last: dict[int, tuple[Any, ...]] = {}
-        self._before: dict[int, tuple[int, int, tuple[SegmentState, ...]]] = {}
         self._guard_calls = 0
         self._pending_start = False
+        self._before: dict[int, tuple[int, int]] = {}
+        self._intervals: dict[int, Interval] = {}
+        self._open: dict[int, _WindowStart] = {}  # the window being recorded, per device
+        self._windows: dict[int, list[TraceWindow]] = {}
+        self._samples: dict[int, list[StepSample]] = {}
+        self._best: dict[int, int] = {}  # highest peak read from the counters so far
+        self._snapshot: Mapping[str, Any] | None = None  # the last one, for --snapshot
         self.notes: list[str] = []
+
+    @property
+    def detailed(self) -> bool:
+        """True while a window records every allocator event."""
+        return bool(self._open)
+
+    @property
+    def ready(self) -> bool:
+        """True once CUDA is up and the session has started recording."""
+        return not self._pending_start and self.torch.cuda.is_initialized()
 
     # -- start -------------------------------------------------------------------
     def start(self) -> None:
         torch = self.torch
         GUARD.install()
+        COUNTERS.install()
         self._guard_calls = GUARD.calls
-        self._initialized_at_start = torch.cuda.is_initialized()
-        if not self._initialized_at_start:
-            # Never initialise CUDA ourselves: start recording when the cell does.
-            if self.trace:
-                self._pending_start = True
-                torch.cuda._lazy_call(self._start_when_initialized)
+        if not torch.cuda.is_initialized():
+            # Never initialise CUDA ourselves: start when the cell does.
+            self._pending_start = True
+            torch.cuda._lazy_call(self._start_when_initialized)
             return
-        if not self.trace:
-            for d in self._device_indices():
-                self._before[d] = (
-                    torch.cuda.memory_allocated(d),
-                    torch.cuda.memory_reserved(d),
-                    (),
-                )
-                torch.cuda.reset_peak_memory_stats(d)
-            return
-        snapshot = torch.cuda.memory._snapshot()
-        traces = snapshot.get("device_traces", [])
-        self._user_records = bool(GUARD.user_enabled) or any(traces)
         for d in self._device_indices():
-            segments = _segments(snapshot.get("segments", []), d)
-            self._before[d] = (
-                torch.cuda.memory_allocated(d),
-                torch.cuda.memory_reserved(d),
-                segments,
-            )
-            trace = traces[d] if d < len(traces) else []
-            self._start_len[d] = len(trace)
-            if trace:
-                self._start_last[d] = _entry_key(trace[-1])
-        if not self._user_records:
-            self._enable()
+            self._before[d] = _current(torch, d)
+            self._intervals[d] = COUNTERS.open(d)
+        if self.trace:
+            self._begin(step=0)
 
     def _start_when_initialized(self) -> None:
         if not self._pending_start:
             return
         self._pending_start = False
-        self._user_records = bool(GUARD.user_enabled)
+        for d in self._device_indices():
+            # Nothing was allocated before CUDA came up; the real peaks count from here.
+            self._before[d] = (0, 0)
+            self._intervals[d] = COUNTERS.adopt(d)
+        if self.trace:
+            self._user_records = bool(GUARD.user_enabled)
+            for d in self._device_indices():
+                self._open[d] = _WindowStart((), 0, 0, 0, None, 0, _now_us())
+            if not self._user_records:
+                self._enable()
+
+    def _begin(self, step: int) -> None:
+        torch = self.torch
+        snapshot = torch.cuda.memory._snapshot()
+        traces = snapshot.get("device_traces", [])
+        if not self._windows and not self._we_record:
+            self._user_records = bool(GUARD.user_enabled) or any(traces)
+        for d in self._device_indices():
+            trace = traces[d] if d < len(traces) else []
+            allocated, reserved = _current(torch, d)
+            self._open[d] = _WindowStart(
+                segments=_segments(snapshot.get("segments", []), d),
+                allocated=allocated,
+                reserved=reserved,
+                trace_len=len(trace),
+                trace_last=_entry_key(trace[-1]) if trace else None,
+                step=step,
+                started_us=_now_us(),
+            )
         if not self._user_records:
             self._enable()
 
@@ -177,69 +256,81 @@ class CudaSession:
         )
         self._we_record = True
 
-    # -- finish ------------------------------------------------------------------
-    def finish(self) -> dict[int, DeviceRecording]:
-        torch = self.torch
-        self._pending_start = False
-        if not torch.cuda.is_initialized():
-            return {}
-        user_changed = GUARD.calls != self._guard_calls
-        snapshot: Mapping[str, Any] = {}
-        if self.trace and (self._we_record or self._user_records):
-            snapshot = torch.cuda.memory._snapshot()
-            if self.snapshot_path:
-                with open(self.snapshot_path, "wb") as f:
-                    pickle.dump(snapshot, f)
-            if self._we_record and not user_changed:
-                GUARD.original()(None)
-        traces = snapshot.get("device_traces", [])
-        recordings = {}
-        for d in self._device_indices():
-            if d in self._before:
-                allocated_before, reserved_before, segments = self._before[d]
-            else:  # CUDA came up during the cell: nothing was allocated before it
-                allocated_before, reserved_before, segments = 0, 0, ()
-            events: tuple[TraceEvent, ...] = ()
-            problem: str | None = None
-            if not self.trace:
-                problem = self.counters_reason
-            elif not (self._we_record or self._user_records):
-                problem = "the allocator trace was not recorded"
-            else:
-                trace = traces[d] if d < len(traces) else []
-                start = self._cell_start(d, trace)
-                if start is None:
-                    problem = "the allocator trace wrapped (more events than it keeps)"
-                elif self._we_record and len(trace) >= MAX_ENTRIES:
-                    problem = f"the cell made more than {MAX_ENTRIES} allocator events"
-                elif user_changed and self._we_record and not trace:
-                    problem = "the cell switched memory history recording off"
-                else:
-                    events = tuple(_event(e) for e in trace[start:])
-            props = torch.cuda.get_device_properties(d)
-            recordings[d] = DeviceRecording(
-                index=d,
-                name=props.name,
-                total_bytes=int(props.total_memory),
-                allocated_before=allocated_before,
-                reserved_before=reserved_before,
-                allocated_after=torch.cuda.memory_allocated(d),
-                reserved_after=torch.cuda.memory_reserved(d),
-                max_allocated_after=torch.cuda.max_memory_allocated(d),
-                max_reserved_after=torch.cuda.max_memory_reserved(d),
-                segments_before=segments,
-                events=events,
-                trace_problem=problem,
-                peak_counters_reset=not self.trace and d in self._before,
-            )
-        return recordings
+    # -- at step boundaries --------------------------------------------------------
+    def end_window(self, step: int) -> None:
+        """Close the detailed window after ``step``; later steps are followed by counters."""
+        if self.ready and self._open:
+            self.sample(step)
+            self._close(step)
 
-    def _cell_start(self, device: int, trace: Sequence[Mapping[str, Any]]) -> int | None:
-        """Index of the cell's first event in ``trace``; None if it was overwritten."""
-        if not self._user_records or self._start_len.get(device, 0) == 0:
+    def begin_window(self, step: int) -> None:
+        """Record every event again from ``step`` on (a new peak was seen)."""
+        if self.ready and self.trace and not self._open and GUARD.calls == self._guard_calls:
+            self._begin(step)
+
+    def sample(self, step: int) -> bool:
+        """Read the counters at a step boundary; True if a device passed its highest so far."""
+        if not self.ready:
+            return False
+        now = _now_us()
+        higher = False
+        for d in self._intervals:
+            r = COUNTERS.sample(d)
+            self._samples.setdefault(d, []).append(
+                StepSample(now, step, r.allocated, r.reserved, r.peak_allocated, r.peak_reserved)
+            )
+            best = self._best.get(d)
+            higher = higher or (best is not None and r.peak_allocated > best)
+            self._best[d] = max(best or 0, r.peak_allocated)
+        return higher
+
+    def _close(self, last_step: int | None) -> None:
+        torch = self.torch
+        user_changed = GUARD.calls != self._guard_calls
+        snapshot = torch.cuda.memory._snapshot()
+        if self.snapshot_path:
+            self._snapshot = snapshot
+        if self._we_record and not user_changed:
+            GUARD.original()(None)
+            self._we_record = False
+        traces = snapshot.get("device_traces", [])
+        for d, start in self._open.items():
+            trace = traces[d] if d < len(traces) else []
+            allocated, reserved = _current(torch, d)
+            problem: str | None = None
+            events: tuple[TraceEvent, ...] = ()
+            first = self._window_start_index(start, trace)
+            if first is None:
+                problem = "the allocator trace wrapped (more events than it keeps)"
+            elif len(trace) >= MAX_ENTRIES:
+                problem = f"the cell made more than {MAX_ENTRIES} allocator events"
+            elif user_changed and not trace:
+                problem = "the cell switched memory history recording off"
+            else:
+                events = tuple(_event(e) for e in trace[first:])
+            self._windows.setdefault(d, []).append(
+                TraceWindow(
+                    segments_before=start.segments,
+                    events=events,
+                    allocated_start=start.allocated,
+                    reserved_start=start.reserved,
+                    allocated_end=allocated,
+                    reserved_end=reserved,
+                    first_step=start.step,
+                    last_step=last_step,
+                    problem=problem,
+                    started_us=start.started_us,
+                )
+            )
+        self._open.clear()
+
+    def _window_start_index(
+        self, start: _WindowStart, trace: Sequence[Mapping[str, Any]]
+    ) -> int | None:
+        """Index of the window's first event in ``trace``; None if it was overwritten."""
+        if not self._user_records or start.trace_len == 0:
             return 0
-        n = self._start_len[device]
-        key = self._start_last[device]
+        n, key = start.trace_len, start.trace_last
         if n <= len(trace) and _entry_key(trace[n - 1]) == key:
             return n
         for i in range(min(n, len(trace)) - 1, -1, -1):  # the ring dropped older entries
@@ -247,11 +338,82 @@ class CudaSession:
                 return i + 1
         return None
 
+    # -- finish ------------------------------------------------------------------
+    def finish(self, step: int = 0) -> dict[int, DeviceRecording]:
+        """Close what is open; ``step`` is the loop step the cell ended in."""
+        torch = self.torch
+        self._pending_start = False
+        if not torch.cuda.is_initialized():
+            return {}
+        end_blocks: dict[int, tuple[BlockState, ...]] = {}
+        if self._open:
+            self._close(None)
+        elif self._windows and GUARD.calls == self._guard_calls:
+            self.sample(step)  # the tail after the last boundary
+            layout = torch.cuda.memory._snapshot()
+            for d in self._windows:
+                end_blocks[d] = tuple(
+                    b for seg in _segments(layout.get("segments", []), d) for b in seg.blocks
+                    if b.state == "allocated"
+                )  # fmt: skip
+        if self.snapshot_path and self._snapshot is not None:
+            with open(self.snapshot_path, "wb") as f:
+                pickle.dump(self._snapshot, f)
+        recordings = {}
+        for d in self._device_indices():
+            allocated_before, reserved_before = self._before.get(d, (0, 0))
+            cell_peak: tuple[int, int] | tuple[None, None] = (None, None)
+            if d in self._intervals:
+                cell_peak = COUNTERS.close(self._intervals.pop(d))
+            problem: str | None = None
+            if not self.trace:
+                problem = self.counters_reason
+            elif not self._windows.get(d):
+                problem = "the allocator trace was not recorded"
+            stats = torch.cuda.memory.memory_stats_as_nested_dict(d)
+            props = torch.cuda.get_device_properties(d)
+            allocated_after, reserved_after = _current(torch, d)
+            recordings[d] = DeviceRecording(
+                index=d,
+                name=props.name,
+                total_bytes=int(props.total_memory),
+                allocated_before=allocated_before,
+                reserved_before=reserved_before,
+                allocated_after=allocated_after,
+                reserved_after=reserved_after,
+                max_allocated_after=int(
+                    stats.get("allocated_bytes", {}).get("all", {}).get("peak", 0)
+                ),
+                max_reserved_after=int(
+                    stats.get("reserved_bytes", {}).get("all", {}).get("peak", 0)
+                ),
+                windows=tuple(self._windows.get(d, ())),
+                samples=tuple(self._samples.get(d, ())),
+                cell_peak_allocated=cell_peak[0],
+                cell_peak_reserved=cell_peak[1],
+                trace_problem=problem,
+                end_blocks=end_blocks.get(d),
+            )
+        return recordings
+
     def _device_indices(self) -> list[int]:
         count = self.torch.cuda.device_count()
         if self.devices is None:
             return list(range(count))
         return [d for d in self.devices if d < count]
+
+
+def _current(torch: Any, device: int) -> tuple[int, int]:
+    """Allocated and reserved bytes now, read without our own stats wrapper."""
+    stats = torch._C._cuda_memoryStats(device)
+    return (
+        int(stats.get("allocated_bytes", {}).get("all", {}).get("current", 0)),
+        int(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)),
+    )
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
 
 
 def allocator_backend() -> str:

@@ -111,6 +111,7 @@ class DispatchRecorder:
         self._live: dict[int, _StorageRef] = {}  # keyed by the StorageImpl address (_cdata)
         self._raw: list[_Raw] = []
         self._mode: Any = None
+        self._following = False  # frees are recorded from start() to stop(), paused or not
         self._thread: int | None = None
         self._internal: dict[str, bool] = {}  # filename -> skipped in frames
         self._tensor_type: type = object
@@ -175,19 +176,33 @@ class DispatchRecorder:
         mode = _mode_class()(self)
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
+        self._following = True
         return tuple(known)
+
+    def pause(self) -> None:
+        """Leave the mode: no new storages are seen, frees of known ones still are."""
+        mode = self._mode
+        if mode is None:
+            return
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("DispatchRecorder.pause() must run on the thread that started it")
+        with self._lock:
+            self._mode = None
+        _exit_mode(mode)
 
     def stop(self) -> tuple[TraceEvent, ...]:
         """Leave the mode (even if modes were pushed above it) and return the events."""
         mode = self._mode
-        if mode is None:
+        if mode is None and not self._following:
             return self.events
         if threading.get_ident() != self._thread:
             raise RuntimeError("DispatchRecorder.stop() must run on the thread that started it")
         with self._lock:
             self._mode = None
+            self._following = False
             self._live.clear()  # drops the weakrefs: later frees are not reported
-        _exit_mode(mode)
+        if mode is not None:
+            _exit_mode(mode)
         return self.events
 
     def __enter__(self) -> DispatchRecorder:
@@ -268,7 +283,7 @@ class DispatchRecorder:
     def _on_free(self, ref: weakref.ref[Any]) -> None:
         assert isinstance(ref, _StorageRef)
         with self._lock:
-            if self._mode is None or self._live.get(ref.key) is not ref:
+            if not self._following or self._live.get(ref.key) is not ref:
                 return
             del self._live[ref.key]
             if ref.size:  # no frames on frees, as in the CUDA trace with context="alloc"

@@ -8,18 +8,24 @@ happens in between:
 - post-accumulate-grad hooks on the parameters of discovered modules: gradients;
 - global optimizer step hooks: optimizer state, and the optimizer phase.
 
+Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
+paused: ``pause()`` removes every hook and ``resume()`` installs them again.
+
 Known limitations:
 - Tags are keyed by storage address and time; a storage created outside these
   hooks (e.g. a cache kept by a library) stays untagged.
 - Activations saved by custom autograd Functions that bypass ``save_for_backward``
   are not seen.
+- The saved-tensors hooks are pushed when recording starts and popped when it stops
+  or pauses; a cell that enters its own ``saved_tensors_hooks`` context around a loop
+  and leaves it while ours are on top pops ours instead.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +70,39 @@ class Tagger:
         self._phase = "other"
         self._grad_hooked: set[int] = set()
         self._seen_modules: set[int] = set()
+        # modules called at the top level, by id; weak, so the tagger never keeps a model alive
+        self.roots: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        # Called before a root module's forward: ("forward", module, args).
+        self.on_boundary: Callable[[str, Any, Any], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
     def start(self) -> None:
+        self._install()
+        self._mark("other")
+
+    def pause(self) -> None:
+        """Remove every hook until ``resume()``; tags and marks so far are kept."""
+        self._remove()
+        self._grad_hooked.clear()
+        self._seen_modules.clear()
+        self._depth = 0
+        self._mark("other")
+
+    def resume(self, step: int) -> None:
+        """Install the hooks again at loop step ``step``, tagging what exists now."""
+        self._step = step
+        self._install()
+        self._mark("other")
+
+    def enter_forward(self, module: Any, args: tuple[Any, ...]) -> None:
+        """The forward pre-hook's work, for a root forward that began before ``resume()``."""
+        self._forward_pre(module, args, boundary=False)
+
+    def _install(self) -> None:
         now = _now_us()
         for named in named_storages(self.user_ns).values():
             if named.category is not None:
@@ -80,24 +116,39 @@ class Tagger:
         self._handles.append(
             hooks.register_module_forward_hook(self._forward_post, always_call=True)
         )
-        optim = importlib.import_module("torch.optim.optimizer")
-        self._handles.append(optim.register_optimizer_step_pre_hook(self._step_pre))
-        self._handles.append(optim.register_optimizer_step_post_hook(self._step_post))
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
-        self._mark("other")
 
     def stop(self) -> tuple[tuple[Tag, ...], tuple[PhaseMark, ...]]:
+        self._remove()
+        self.on_boundary = None
+        self.roots.clear()
+        return tuple(self.tags), tuple(self.marks)
+
+    def _remove(self) -> None:
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        return tuple(self.tags), tuple(self.marks)
 
     # -- hooks -------------------------------------------------------------------------
-    def _forward_pre(self, module: Any, args: tuple[Any, ...]) -> None:
+    def can_pause(self) -> bool:
+        """True where pausing pops our own saved-tensors hooks (not a checkpoint's) and no
+        backward is running."""
+        autograd = self.torch._C._autograd
+        top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+        ours = top is None or top(False) == (self._pack, self._unpack)
+        return ours and not in_backward(self.torch)
+
+    def _forward_pre(self, module: Any, args: tuple[Any, ...], boundary: bool = True) -> None:
+        if self._depth == 0 and not in_backward(self.torch):  # not a checkpoint's recompute
+            self.roots.setdefault(id(module), module)
+            if boundary and self.on_boundary is not None:
+                self.on_boundary("forward", module, args)
+                if not self._handles:  # the boundary ended the detailed window
+                    return
         if id(module) not in self._seen_modules:
             self._adopt(module)
         if self._depth == 0:
@@ -129,10 +180,13 @@ class Tagger:
         if p.grad is not None:
             self._tag(p.grad, "gradients", _now_us())
 
-    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # Optimizer hooks are global and iterated live by ``Optimizer.step``, so they cannot be
+    # added or removed at a step boundary: the owner keeps one pair for the whole cell and
+    # calls these while the tagger is active.
+    def optimizer_step_pre(self, optimizer: Any) -> None:
         self._mark("optimizer")
 
-    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def optimizer_step_post(self, optimizer: Any) -> None:
         now = _now_us()
         for state in optimizer.state.values():
             for value in state.values():
@@ -170,3 +224,9 @@ class Tagger:
     def _mark(self, phase: str) -> None:
         self._phase = phase
         self.marks.append(PhaseMark(_now_us(), phase, self._step))
+
+
+def in_backward(torch: Any) -> bool:
+    """True inside the autograd engine (backward hooks, checkpoint recomputation)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jupyter_gpumem.analysis.peaks import device_peaks
 from jupyter_gpumem.analysis.replay import BlockState, SegmentState, TraceEvent
-from jupyter_gpumem.tracking.cuda import DeviceRecording
+from jupyter_gpumem.tracking.cuda import DeviceRecording, TraceWindow
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"
 
@@ -18,12 +18,27 @@ FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.jso
 def _recording() -> tuple[DeviceRecording, dict]:
     data = json.loads(FIXTURE.read_text())
     segments = tuple(
-        SegmentState(s["address"], s["total_size"], s["is_small"], tuple(BlockState(**b) for b in s["blocks"]))
+        SegmentState(
+            s["address"],
+            s["total_size"],
+            s["is_small"],
+            tuple(BlockState(**b) for b in s["blocks"]),
+        )
         for s in data["segments_before"]
     )
     events = tuple(TraceEvent(**e) for e in data["events"])
+    window = TraceWindow(
+        segments_before=segments,
+        events=events,
+        allocated_start=data["allocated_before"],
+        reserved_start=data["reserved_before"],
+        allocated_end=data["allocated_after"],
+        reserved_end=data["reserved_after"],
+        first_step=0,
+        last_step=None,
+    )
     fields = {k: v for k, v in data.items() if k in DeviceRecording.__dataclass_fields__}
-    fields.update(segments_before=segments, events=events)
+    fields.update(windows=(window,))
     return DeviceRecording(**fields), data
 
 
@@ -41,7 +56,9 @@ def test_a_truncated_trace_is_not_trusted() -> None:
     rec, _ = _recording()
     from dataclasses import replace
 
-    cut = replace(rec, events=rec.events[: len(rec.events) // 2])
+    cut = replace(
+        rec, windows=(replace(rec.windows[0], events=rec.events[: len(rec.events) // 2]),)
+    )
     peaks = device_peaks(cut)
     assert peaks.source == "counters"
     assert "trace replay ended at" in (peaks.note or "")
