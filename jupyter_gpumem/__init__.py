@@ -14,6 +14,7 @@ __all__ = [
     "__version__",
     "history",
     "load_ipython_extension",
+    "set_history_limit",
     "track",
     "tune",
     "unload_ipython_extension",
@@ -45,6 +46,13 @@ def history() -> pd.DataFrame:
     from jupyter_gpumem.kernel_history import to_dataframe
 
     return to_dataframe()
+
+
+def set_history_limit(limit: int) -> None:
+    """Keep at most ``limit`` `%%gpumem` reports in this kernel (200 by default); oldest go first."""
+    from jupyter_gpumem.kernel_history import set_limit
+
+    set_limit(limit)
 
 
 def track(obj: Any, name: str | None = None) -> Any:

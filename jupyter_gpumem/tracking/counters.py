@@ -59,12 +59,13 @@ class PeakCounters:
         self._lock = threading.Lock()
         self._intervals: list[Interval] = []
         self._held: dict[int, dict[tuple[str, ...], int]] = {}  # the user's peaks we reset away
-        self._originals: dict[tuple[Any, str], Callable[..., Any]] = {}
+        self._originals: list[tuple[Any, str, Callable[..., Any]]] = []
         self._torch: Any = None
 
     # -- install -----------------------------------------------------------------------
-    def install(self) -> None:
-        torch = sys.modules.get("torch")
+    def install(self, torch: Any = None) -> None:
+        """Wrap torch's reset and stats functions; ``torch`` defaults to the imported one."""
+        torch = torch or sys.modules.get("torch")
         if torch is None or self._originals:
             return
         self._torch = torch
@@ -83,11 +84,11 @@ class PeakCounters:
                 wrapper.__wrapped__ = original  # type: ignore[attr-defined]
                 wrapper.__doc__ = original.__doc__
                 wrapper.__name__ = original.__name__
-                self._originals[(module, name)] = original
+                self._originals.append((module, name, original))
                 setattr(module, name, wrapper)
 
     def uninstall(self) -> None:
-        for (module, name), original in self._originals.items():
+        for module, name, original in self._originals:
             setattr(module, name, original)
         self._originals.clear()
         self._held.clear()

@@ -1,0 +1,67 @@
+"""The cost of `%%gpumem` does not grow with the session: 1,000 cells in a real shell."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_gpumem import kernel_history as history
+
+CELLS = 1000
+WINDOW = 100
+
+
+def _timed(shell: InteractiveShell, source: str) -> float:
+    t0 = time.perf_counter()
+    result = shell.run_cell(source)
+    elapsed = time.perf_counter() - t0
+    assert result.success, result.error_in_exec
+    return elapsed
+
+
+def test_per_cell_overhead_stays_flat_over_a_thousand_cells(shell: InteractiveShell) -> None:
+    setup = (
+        "import torch\n"
+        "model = torch.nn.Linear(16, 16)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    )
+    assert shell.run_cell(setup).success
+    body = "x = model(torch.randn(4, 16)).sum()\nx.backward(); opt.step(); opt.zero_grad()\n"
+    history.set_limit(50)
+    try:
+        overheads = []
+        for i in range(CELLS):
+            # interleaved, so that drift of the machine cancels; each cell adds to In, _i<N>
+            plain = _timed(shell, body)
+            tracked = _timed(shell, f"%%gpumem --quiet --name c{i}\n{body}")
+            overheads.append(tracked - plain)
+        first = statistics.median(overheads[:WINDOW])
+        last = statistics.median(overheads[-WINDOW:])
+        assert last <= 1.2 * first, (
+            f"median overhead grew from {first * 1e3:.2f} to {last * 1e3:.2f} ms"
+        )
+        assert len(history.reports()) == 50
+        assert history.recorded() == CELLS and history.dropped() == CELLS - 50
+        assert [r.name for r in history.reports()][-1] == f"c{CELLS - 1}"
+    finally:
+        history.set_limit(history.DEFAULT_LIMIT)
+
+
+def test_the_limit_is_validated_and_dropping_is_said_once(
+    shell: InteractiveShell, recwarn: pytest.WarningsRecorder
+) -> None:
+    for bad in (0, -1, 2.5, True, "10"):
+        with pytest.raises(ValueError, match="at least 1"):
+            history.set_limit(bad)  # type: ignore[arg-type]
+    history.set_limit(2)
+    try:
+        for _ in range(4):
+            assert shell.run_cell("%%gpumem --quiet\nx = 1").success
+        said = [str(w.message) for w in recwarn if "keeps the last 2 reports" in str(w.message)]
+        assert len(said) == 1
+        assert len(history.reports()) == 2
+    finally:
+        history.set_limit(history.DEFAULT_LIMIT)
