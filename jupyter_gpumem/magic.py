@@ -28,6 +28,7 @@ from jupyter_gpumem import kernel_history as history
 from jupyter_gpumem.analysis.cell import build_report
 from jupyter_gpumem.report import Report
 from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
+from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
 from jupyter_gpumem.tracking.process import process_bytes
 from jupyter_gpumem.units import parse_size
@@ -66,7 +67,7 @@ class _Parser:
     @argument("--budget", metavar="SIZE", help="warn when the peak exceeds SIZE, e.g. 16GiB")
     @argument("--snapshot", metavar="PATH", help="write a memory_viz snapshot pickle to PATH")
     @argument(
-        "--no-trace", action="store_true", help="counters only (cheapest); resets peak counters"
+        "--no-trace", action="store_true", help="exact peaks from the counters only (cheapest)"
     )
     @argument("--quiet", action="store_true", help="show nothing; the report is still stored")
     @argument("--top", metavar="N", help="list the N largest tensors (default 10)")
@@ -204,7 +205,9 @@ class GpuMemMagics(Magics):
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
             return
-        history.record(report)
+        dropped = history.record(report)
+        if dropped is not None:
+            warnings.warn(dropped, stacklevel=2)
         if opts.output and self.shell is not None:
             self.shell.user_ns[opts.output] = report
         if opts.quiet:
@@ -228,13 +231,7 @@ class GpuMemMagics(Magics):
         device = None if main is None or main.device == "cpu" else main.index
         hints = list(find_leaks(self.shell, device=device, cycles=False)) if report.devices else []
         if main is not None:
-            earlier = [
-                d.allocated_after_bytes
-                for r in history.reports()
-                if r.cell_key == cell_key
-                for d in r.devices
-                if d.device == main.device
-            ]
+            earlier = history.earlier_runs(cell_key, main.device)
             grown = growth_hint(
                 [*earlier, main.allocated_after_bytes], label=opts.name or "this cell"
             )
@@ -354,6 +351,7 @@ def load(shell: InteractiveShell) -> None:
     shell.register_magics(magics)
     _MAGICS[id(shell)] = magics
     GUARD.install()
+    COUNTERS.install()
     shell.events.register("post_run_cell", _install_guard)
 
 
@@ -368,9 +366,11 @@ def unload(shell: InteractiveShell) -> None:
     manager.registry.pop("GpuMemMagics", None)
     shell.events.unregister("post_run_cell", _install_guard)
     GUARD.uninstall()
+    COUNTERS.uninstall()
 
 
 def _install_guard(result: Any = None) -> None:
     """Watch the user's history recording as soon as they import torch."""
     if not GUARD.installed and "torch" in sys.modules:
         GUARD.install()
+        COUNTERS.install()
