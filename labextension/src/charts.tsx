@@ -29,11 +29,14 @@ export function Gauge(props: {
   total: number | null;
   units: Units;
   label?: string;
+  /** "used of total" with each side in its own unit (`"357 MiB of 23.5 GiB"`), for small shares. */
+  ofTotal?: boolean;
 }): JSX.Element {
   const share = fraction(props.used, props.total);
-  const text = `${formatUsedTotal(props.used, props.total, props.units)}${
-    share === null ? '' : ` (${formatFraction(share)})`
-  }`;
+  const amounts = props.ofTotal
+    ? `${formatBytes(props.used, props.units)} of ${formatBytes(props.total, props.units)}`
+    : formatUsedTotal(props.used, props.total, props.units);
+  const text = `${amounts}${share === null ? '' : ` (${formatFraction(share)})`}`;
   return (
     <div
       className="jp-GpuMem-gauge"

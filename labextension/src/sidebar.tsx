@@ -197,9 +197,10 @@ export function KernelHostSection(props: {
           total={host.host_total_bytes}
           units={units}
           label="kernel host memory (RSS)"
+          ofTotal
         />
         <div className="jp-GpuMem-hostDetail">
-          RSS {formatBytes(host.rss_bytes, units)} of pid {host.pid ?? UNKNOWN}
+          pid {host.pid ?? UNKNOWN}
           {children > 0 ? ` and ${children} child process${children === 1 ? '' : 'es'}` : ''}
           {available}
         </div>
@@ -208,7 +209,7 @@ export function KernelHostSection(props: {
   }
   return (
     <section className="jp-GpuMem-section jp-GpuMem-host">
-      <div className="jp-GpuMem-sectionTitle">Kernel host memory</div>
+      <div className="jp-GpuMem-sectionTitle">Kernel host memory (RSS)</div>
       {body}
     </section>
   );

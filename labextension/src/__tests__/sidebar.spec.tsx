@@ -149,10 +149,10 @@ describe('SidebarView', () => {
     );
     const section = host.querySelector('.jp-GpuMem-host');
     expect(section?.querySelector('[role=meter]')?.getAttribute('aria-valuetext')).toBe(
-      '0.29/16 GiB (2%)'
+      '300 MiB of 16 GiB (2%)'
     );
     expect(section?.querySelector('.jp-GpuMem-hostDetail')?.textContent).toBe(
-      'RSS 300 MiB of pid 4321 and 2 child processes · 9 GiB available on this machine'
+      'pid 4321 and 2 child processes · 9 GiB available on this machine'
     );
     const item = host.querySelector('.jp-GpuMem-reportItem')?.textContent ?? '';
     expect(item).toContain('[3] cpu');
@@ -176,7 +176,7 @@ describe('SidebarView', () => {
       if (text === null) {
         expect(section).toBeNull();
       } else {
-        expect(section?.textContent).toBe(`Kernel host memory${text}`);
+        expect(section?.textContent).toBe(`Kernel host memory (RSS)${text}`);
       }
     }
   });
