@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -85,6 +86,11 @@ def test_the_tree_is_summed_over_the_kernel_and_its_children() -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
+        # Until it has exec'd, the child is a copy of the parent Python and its RSS moves.
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/comm").read_text().strip() != "sleep":
+            assert time.monotonic() < deadline, "the child never became `sleep`"
+            time.sleep(0.01)
         answer = kernel_host("k", kernel_with_pid(parent.pid))
         assert answer.pids == tuple(sorted((parent.pid, child)))
         each = [rss_bytes(p) for p in answer.pids]
