@@ -4,6 +4,11 @@ Runs JupyterLab on the NVML stand-in (``c.GpuMem.backend = "fake"``): two GPUs, 
 a MIG instance, a process per running kernel (so the active notebook's row is highlighted)
 and a process whose command is an HTML injection attempt that must show as literal text.
 
+With ``JUPYTER_GPUMEM_UI_NVML_ERROR`` set to a failure of the stand-in (a key of
+``jupyter_gpumem.server.fake.ERROR_CODES``, e.g. ``library_not_found``), NVML fails to start
+as on a machine without a GPU; live.spec.ts starts a second server so, on another port
+(``JUPYTER_GPUMEM_UI_PORT``).
+
 The labextension is served from this checkout's build (``jupyter_gpumem/labextension``),
 so the tests exercise the code under test even if another copy is installed.
 Never use this configuration outside tests: it switches off authentication.
@@ -26,7 +31,7 @@ try:
 except ImportError:
     sys.path.insert(0, str(REPO))
 
-from jupyter_gpumem.server.fake import DEFAULT_SPEC  # noqa: E402
+from jupyter_gpumem.server.fake import DEFAULT_SPEC, ERROR_CODES  # noqa: E402
 
 if not (BUILT / "package.json").exists():
     raise SystemExit(
@@ -75,3 +80,12 @@ c.GpuMem.fake_spec = {  # noqa: F821
         DEFAULT_SPEC["devices"][1],
     ],
 }
+
+_nvml_error = os.environ.get("JUPYTER_GPUMEM_UI_NVML_ERROR")
+if _nvml_error:
+    if _nvml_error not in ERROR_CODES:
+        raise SystemExit(
+            f"JUPYTER_GPUMEM_UI_NVML_ERROR={_nvml_error!r} is not a stand-in failure; "
+            f"use one of {', '.join(sorted(ERROR_CODES))}"
+        )
+    c.GpuMem.fake_spec = {**c.GpuMem.fake_spec, "init_error": _nvml_error}  # noqa: F821
