@@ -398,6 +398,6 @@ def _alive_html(d: DeviceReport, style: str) -> str:
 
 
 def _timeline_svg(timeline: Timeline, title: str) -> str:
-    from jupyter_gpumem.widgets.charts import timeline_svg
+    from jupyter_gpumem.timeline_svg import timeline_svg
 
     return timeline_svg(timeline, title=title)

@@ -12,7 +12,8 @@ pytest.importorskip("bqplot")
 from bqplot import Label, Lines, Scatter
 
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.widgets.charts import PHASE_COLORS, timeline_figure, timeline_svg
+from jupyter_gpumem.timeline_svg import PHASE_COLORS, timeline_svg
+from jupyter_gpumem.widgets.charts import timeline_figure
 
 GiB, MiB = 2**30, 2**20
 SVG = "{http://www.w3.org/2000/svg}"
@@ -45,7 +46,7 @@ def test_figure_has_lines_bands_and_peak_in_gib() -> None:
     assert list(lines["reserved"].y) == [2.0, 3.0, 4.0, 4.0, 4.0]
     assert lines["reserved"].line_style == "dashed"
     top = fig.axes[1].scale.max
-    assert top == pytest.approx(4.0 * 1.08)
+    assert top == pytest.approx(4.0 * 1.3)  # headroom for the peak label above the curves
     # one band line per phase, covering each of its stretches up to the top of the axis
     assert list(lines["forward"].x) == [0.0, 0.0, 0.15, 0.15, 0.35, 0.35, 0.4, 0.4]
     assert list(lines["forward"].y) == [0.0, top, top, 0.0] * 2
@@ -55,9 +56,10 @@ def test_figure_has_lines_bands_and_peak_in_gib() -> None:
     assert (list(peak.x), list(peak.y)) == ([0.2], [3.0])
     (label,) = [m for m in fig.marks if isinstance(m, Label)]
     assert list(label.text) == ["peak 3.00 GiB at 200 ms"]
-    # the label sits at the top edge, pushed up into the margin, joined to the point by a leader
-    assert (list(label.x), list(label.y), label.y_offset) == ([0.2], [top], -4)
-    assert (list(lines["peak"].x), list(lines["peak"].y)) == ([0.2, 0.2], [3.0, top])
+    # the label hangs from the top edge, in the headroom above every curve (reserved ends at
+    # 4.0 = 77% of the axis), joined to the point by a leader that stops short of it
+    assert (list(label.x), list(label.y), label.y_offset) == ([0.2], [top], 13)
+    assert (list(lines["peak"].x), list(lines["peak"].y)) == ([0.2, 0.2], [3.0, 0.88 * top])
     assert not lines["peak"].display_legend
     assert fig.axes[1].label == "memory (GiB)"
     assert fig.axes[0].label == "time (s)"
@@ -155,8 +157,12 @@ def test_reserved_is_drawn_and_listed_only_when_it_differs_from_allocated() -> N
     series = [p.get("data-series") for p in root.iter(f"{SVG}path") if p.get("data-series")]
     assert series == ["allocated"]
     assert "reserved" not in [t.text for t in root.iter(f"{SVG}text")]
-    no_reserved = Timeline(CPU.t_s, CPU.allocated_bytes, (), CPU.bands, CPU.peak_t_s, CPU.peak_bytes)
-    assert "reserved" not in [t.text for t in ET.fromstring(timeline_svg(no_reserved)).iter(f"{SVG}text")]
+    no_reserved = Timeline(
+        CPU.t_s, CPU.allocated_bytes, (), CPU.bands, CPU.peak_t_s, CPU.peak_bytes
+    )
+    assert "reserved" not in [
+        t.text for t in ET.fromstring(timeline_svg(no_reserved)).iter(f"{SVG}text")
+    ]
 
 
 @pytest.mark.parametrize("timeline", [TRAIN, CPU], ids=["gpu", "cpu"])

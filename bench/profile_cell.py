@@ -1,0 +1,55 @@
+"""Where the time of one `%%gpumem` cell goes: cProfile around ``run_cell``, after a warm-up.
+
+    python bench/profile_cell.py gpt2_3_steps            # any cell name of bench/scale.py
+    python bench/profile_cell.py mlp_200_steps --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scale
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cell")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--lines", type=int, default=45)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    (cell,) = [c for c in scale.cells(args.quick, cpu=not cuda) if c.name == args.cell]
+    bench = scale.Bench(device)
+    bench.shell.user_ns.update(cell.build(device), time=time, sync=bench.sync, torch=torch)
+    body = scale.BODY.format(steps=cell.steps, step=cell.step)
+    for source in (body, "%%gpumem --quiet\n" + body, body):
+        bench._once(source)
+    plain, _, _ = bench._once(body)
+    profile = cProfile.Profile()
+    with contextlib.redirect_stdout(io.StringIO()):
+        t0 = time.perf_counter()
+        profile.enable()
+        bench.shell.run_cell("%%gpumem -o r\n" + body)
+        profile.disable()
+        whole = time.perf_counter() - t0
+    in_cell = bench.shell.user_ns["_in_cell_s"]
+    print(f"{cell.name}: plain {plain:.3f} s, %%gpumem {whole:.3f} s (in the cell {in_cell:.3f} s)")
+    for key in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(key).print_stats(args.lines)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
