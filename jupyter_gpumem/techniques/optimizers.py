@@ -48,6 +48,31 @@ def _family(optimizer: torch.optim.Optimizer | None) -> str | None:
     return None
 
 
+def optimizer_name(optimizer: object) -> str | None:
+    """What ``optimizer`` is, named as in OPTIMIZERS where it is one of them (else its class).
+
+    None when there is no optimizer; the tuner shows it as the "as is" choice.
+    """
+    if optimizer is None:
+        return None
+    name = type(optimizer).__name__
+    lower = name.lower()
+    defaults = getattr(optimizer, "defaults", {})
+    if isinstance(optimizer, torch.optim.AdamW):  # before Adam: AdamW subclasses it in torch 2.6+
+        return "adamw-fused" if defaults.get("fused") else "adamw"
+    if isinstance(optimizer, torch.optim.Adam):
+        return "adam"
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd-momentum" if defaults.get("momentum") else "sgd"
+    if "adafactor" in lower:
+        return "adafactor"
+    if "adamw" in lower and "8bit" in lower:
+        return "adamw-8bit"
+    if lower == "lion":
+        return "lion"
+    return name
+
+
 def _carried(name: str, group: dict[str, Any], family: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {k: group[k] for k in ("lr", "weight_decay") if k in group}
     if name in _ADAM_LIKE and family == "adam":

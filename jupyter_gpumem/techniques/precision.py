@@ -35,6 +35,33 @@ def model_device_type(model: nn.Module) -> str:
     return "cpu"
 
 
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+}
+
+
+def precision_name(model: nn.Module) -> str | None:
+    """The floating point format of the model's parameters ("fp32", "bf16", ...), as built.
+
+    "mixed (fp32, bf16)" when they differ, most parameters first; None without floating
+    point parameters. The tuner shows it as the "as is" choice.
+    """
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    names = [
+        _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+        for dtype in sorted(counts, key=lambda d: -counts[d])
+    ]
+    if len(names) > 1:
+        return f"mixed ({', '.join(names)})"
+    return names[0] if names else None
+
+
 def _backend(path: str) -> Any:
     obj: Any = torch.backends
     for part in path.split("."):

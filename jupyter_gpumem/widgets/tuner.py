@@ -32,9 +32,11 @@ from jupyter_gpumem import kernel_history as history
 from jupyter_gpumem.analysis.fit import FitChoice, fit_to_budget
 from jupyter_gpumem.report import Report
 from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
+from jupyter_gpumem.techniques.optimizers import optimizer_name
+from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.trial import Trial, TrialResult
 from jupyter_gpumem.units import parse_size
-from jupyter_gpumem.widgets.tuner_charts import Panel, message_html, rows_text
+from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, rows_text
 
 __all__ = ["Tuner", "tune"]
 
@@ -93,8 +95,8 @@ class Tuner(widgets.VBox):
         return Config(
             checkpoint=spec,
             every=self.panel.every.value,
-            precision=self.panel.precision.value,
-            optimizer=self.panel.optimizer.value,
+            precision=self.panel.precision.value or None,  # AS_IS is Config's None
+            optimizer=self.panel.optimizer.value or None,
         )
 
     def set(self, config: Config) -> None:
@@ -109,8 +111,8 @@ class Tuner(widgets.VBox):
             self.panel.modules.value = names
             self.panel.regex.value = spec if isinstance(spec, str) and spec != "blocks" else ""
             self.panel.every.value = config.every
-            self.panel.precision.value = config.precision
-            self.panel.optimizer.value = config.optimizer
+            self.panel.precision.value = config.precision or AS_IS
+            self.panel.optimizer.value = config.optimizer or AS_IS
 
     @property
     def applied(self) -> Applied:
@@ -280,7 +282,7 @@ class Tuner(widgets.VBox):
         ):
             notes.append(FP16_HELP)
             self.panel.say("warning", notes)
-        count = len(history.reports())
+        count = history.recorded()
         error: Exception | None = None
         # The cell as IPython runs it (one run_cell_magic call), so that its report has the
         # same cell key as the original run.
@@ -290,7 +292,7 @@ class Tuner(widgets.VBox):
                 exec(code, self.shell.user_ns)
             except Exception as exc:  # the cell's own error: its report says so
                 error = exc
-        made = history.reports()[count:]
+        made = history.since(count)
         if not made:
             raise RuntimeError(f"the %%gpumem cell made no report ({error!r})")
         return _result(made[-1], config, notes)
@@ -310,6 +312,8 @@ class Tuner(widgets.VBox):
             [(f"{n}  ({type(kinds[n]).__name__})", n) for n in self._module_names],
             len(first),
             self.optimizer_name,
+            precision_now=precision_name(self.model),
+            optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
         )
         actions: dict[str, Callable[[], object]] = {
             "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,

@@ -8,6 +8,7 @@ floats, ``None`` where a number is unknown. Units are spelled only here, through
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS
 from jupyter_gpumem.units import format_bytes
 
 __all__ = [
+    "AS_IS",
     "CATEGORY_COLORS",
     "BreakdownChart",
     "Panel",
@@ -59,6 +61,12 @@ COLUMNS = (
     "fits budget",
     "notes",
 )
+NUMERIC = frozenset({"peak", "step", "Δ peak", "Δ step", "fits budget"})  # never wrapped
+WRAP = {"configuration": 28, "at the peak": 26, "notes": 36}  # text: wrapped at these widths
+# The "as is" choice of the precision and optimizer dropdowns. Not None: ipywidgets shows a
+# dropdown whose value is None as blank.
+AS_IS = ""
+NBSP = "\u00a0"  # keeps "activations 4.10 GiB" on one line when a cell wraps
 
 
 def _unit(top_bytes: float) -> tuple[str, int]:
@@ -90,6 +98,12 @@ def _fits(row: Row) -> str:
     return "" if fits is None else "yes" if fits else "no"
 
 
+def _breakdown_cell(breakdown: Mapping[str, int] | None) -> str:
+    """`breakdown_summary` with each item unbreakable, so that a cell wraps between items."""
+    items = breakdown_summary(breakdown).split(", ")
+    return ", ".join(item.replace(" ", NBSP) for item in items if item)
+
+
 def _cells(row: Row) -> list[str]:
     """One row of the table as text cells, in COLUMNS order."""
     delta_bytes = row.get("delta_peak_bytes")
@@ -101,7 +115,7 @@ def _cells(row: Row) -> list[str]:
     return [
         str(row.get("configuration", "")),
         format_bytes(row.get("peak_bytes")),
-        breakdown_summary(row.get("breakdown")),
+        _breakdown_cell(row.get("breakdown")),
         _ms(row.get("step_ms")),
         delta_peak.strip(),
         _pct(row.get("delta_step_pct")),
@@ -110,18 +124,42 @@ def _cells(row: Row) -> list[str]:
     ]
 
 
+def _table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """Column titles and cells, without the columns that are empty in every row."""
+    cells = [_cells(r) for r in rows]
+    keep = [i for i in range(len(COLUMNS)) if any(line[i] for line in cells)]
+    return [COLUMNS[i] for i in keep], [[line[i] for i in keep] for line in cells]
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken between words only."""
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+    return [line.replace(NBSP, " ") for line in lines] or [""]
+
+
 def rows_text(rows: Sequence[Row]) -> str:
-    """The results as a fixed-width text table (for `print`, logs and executed notebooks)."""
-    table = [list(COLUMNS), *(_cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    right = {1, 3, 4, 5}
+    """The results as a fixed-width text table (for `print`, logs and executed notebooks).
+
+    Long cells wrap between words onto more lines of their row, so that the table stays
+    narrow enough for a notebook's output area.
+    """
+    columns, cells = _table(rows)
+    table: list[list[str]] = [list(columns)]
+    for line in cells:
+        wrapped = [
+            _wrap(c, WRAP[title]) if title in WRAP else [c]
+            for title, c in zip(columns, line, strict=True)
+        ]
+        height = max(len(w) for w in wrapped)
+        table.extend([w[i] if i < len(w) else "" for w in wrapped] for i in range(height))
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     out = []
     for line in table:
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        shown = [
+            c.rjust(w) if title in NUMERIC and title != "fits budget" else c.ljust(w)
+            for title, c, w in zip(columns, line, widths, strict=True)
         ]
-        out.append("  ".join(cells).rstrip())
+        out.append("  ".join(shown).rstrip())
     return "\n".join(out)
 
 
@@ -130,15 +168,26 @@ def rows_html(rows: Sequence[Row]) -> str:
     esc = html.escape
     if not rows:
         return "<p><em>No measurements yet: press Re-run.</em></p>"
-    pad = "padding:0 .7em"
-    head = "".join(f'<th style="{pad};text-align:left">{esc(c)}</th>' for c in COLUMNS)
+    pad = "padding:0 .7em;vertical-align:top;text-align:left"
+    nowrap = f"{pad};white-space:nowrap"
+
+    def style(title: str) -> str:
+        if title not in NUMERIC:
+            return pad
+        return f"{nowrap};text-align:{'left' if title == 'fits budget' else 'right'}"
+
+    columns, table = _table(rows)
+    head = "".join(f'<th style="{style(c)};white-space:nowrap">{esc(c)}</th>' for c in columns)
     body = []
-    for row in rows:
-        cells = _cells(row)
+    for row, cells in zip(rows, table, strict=True):
         over = row.get("fits_budget") is False
-        style = ' style="color:var(--jp-error-color1,#c62828)"' if over else ""
+        colour = ' style="color:var(--jp-error-color1,#c62828)"' if over else ""
         body.append(
-            f"<tr{style}>" + "".join(f'<td style="{pad}">{esc(c)}</td>' for c in cells) + "</tr>"
+            f"<tr{colour}>"
+            + "".join(
+                f'<td style="{style(t)}">{esc(c)}</td>' for t, c in zip(columns, cells, strict=True)
+            )
+            + "</tr>"
         )
     table_style = (
         "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px);"
@@ -157,29 +206,52 @@ def _categories(rows: Sequence[Row]) -> list[str]:
     return known + sorted(present - set(known))
 
 
+def legend_html(categories: Sequence[str]) -> str:
+    """The bar chart's legend: swatches with labels in the page's own text colour."""
+    esc = html.escape
+    items = "".join(
+        '<span style="display:inline-block;margin:0 .9em .2em 0;white-space:nowrap">'
+        f'<span style="display:inline-block;width:.8em;height:.8em;margin-right:.3em;'
+        f'vertical-align:-.05em;background:{CATEGORY_COLORS.get(c, UNKNOWN_COLOR)}"></span>'
+        f"{esc(_category_label(c))}</span>"
+        for c in categories
+    )
+    return f'<div class="jp-gpumem-legend" style="color:inherit;padding-left:8px">{items}</div>'
+
+
 class BreakdownChart:
-    """Stacked bars: what the peak of each configuration was made of."""
+    """Stacked bars, one row per configuration: what the peak of each was made of.
+
+    The bars are horizontal so that configuration names, however long, are read level on the
+    left instead of running into each other under the bars. The legend is HTML under the
+    figure (``widget`` holds both): bqplot draws its legend over the plot area, where it covers
+    bars, in a text colour that some themes make pale.
+    """
 
     def __init__(self) -> None:
-        self.x = OrdinalScale()
+        self.x = OrdinalScale(reverse=True)  # the first configuration on top, as in the table
         self.y = LinearScale(min=0.0)
         self.bars = Bars(
             x=[],
             y=[],
             scales={"x": self.x, "y": self.y},
             type="stacked",
-            display_legend=True,
+            orientation="horizontal",
+            display_legend=False,
             padding=0.3,
         )
-        self.y_axis = Axis(scale=self.y, side="left", tick_format=".3~g")
+        self.y_axis = Axis(scale=self.y, side="bottom", tick_format=".3~g")  # the memory axis
         self.figure = Figure(
             marks=[self.bars],
-            axes=[Axis(scale=self.x, side="bottom"), self.y_axis],
+            axes=[Axis(scale=self.x, side="left", orientation="vertical"), self.y_axis],
             title="breakdown at the peak",
-            legend_location="top-right",
             animation_duration=0,
-            fig_margin={"top": 30, "bottom": 40, "left": 56, "right": 12},
-            layout=widgets.Layout(height="300px", width="50%", min_width="320px"),
+            fig_margin=self._margin([]),
+            layout=widgets.Layout(height="340px", width="100%"),
+        )
+        self.legend = widgets.HTML()
+        self.widget = widgets.VBox(
+            [self.figure, self.legend], layout=widgets.Layout(width="50%", min_width="320px")
         )
 
     def update(self, rows: Sequence[Row]) -> None:
@@ -195,10 +267,31 @@ class BreakdownChart:
             self.bars.labels = [_category_label(c) for c in categories]
             self.bars.colors = [CATEGORY_COLORS.get(c, UNKNOWN_COLOR) for c in categories]
         self.y_axis.label = f"memory ({unit})"
+        self.figure.fig_margin = self._margin(self.bars.x)
+        self.legend.value = legend_html(categories)
+
+    @staticmethod
+    def _margin(names: Sequence[str]) -> dict[str, int]:
+        """Room on the left for the longest configuration name (about 7 px a character)."""
+        left = min(220, max(56, 12 + 7 * max((len(n) for n in names), default=0)))
+        return {"top": 30, "bottom": 44, "left": left, "right": 16}
+
+
+def padded_range(
+    values: Sequence[float], *, low: float = 0.12, high: float = 0.12
+) -> tuple[float, float]:
+    """A scale's (min, max): the values and 0, widened by ``low``/``high`` of their span."""
+    lo, hi = min((0.0, *values)), max((0.0, *values))
+    span = hi - lo or 1.0
+    return lo - low * span, hi + high * span
 
 
 class TradeoffChart:
-    """Memory saved against step-time cost, one labelled point per configuration."""
+    """Memory saved against step-time cost, one labelled point per configuration.
+
+    The scales reach past the outermost points, furthest to the right, where the names are
+    drawn, so that no point or name is cut at the plot's edge.
+    """
 
     def __init__(self) -> None:
         self.x = LinearScale()
@@ -223,7 +316,7 @@ class TradeoffChart:
             title="memory saved vs step-time cost",
             animation_duration=0,
             fig_margin={"top": 30, "bottom": 40, "left": 56, "right": 24},
-            layout=widgets.Layout(height="300px", width="50%", min_width="320px"),
+            layout=widgets.Layout(height="340px", width="50%", min_width="320px"),
         )
 
     def update(self, rows: Sequence[Row]) -> None:
@@ -234,10 +327,16 @@ class TradeoffChart:
         ]
         saved = [-int(r["delta_peak_bytes"]) for r in shown]
         unit, scale = _unit(max((abs(s) for s in saved), default=0))
+        xs = [float(r["delta_step_pct"]) for r in shown]
+        ys = [s / scale for s in saved]
+        longest = max((len(str(r["configuration"])) for r in shown), default=0)
         with self.points.hold_sync():
-            self.points.x = [float(r["delta_step_pct"]) for r in shown]
-            self.points.y = [s / scale for s in saved]
+            self.points.x = xs
+            self.points.y = ys
             self.points.names = [str(r["configuration"]) for r in shown]
+        # about 1.5% of the span per character of the longest name: room for it on the right
+        self.x.min, self.x.max = padded_range(xs, low=0.08, high=0.1 + 0.015 * longest)
+        self.y.min, self.y.max = padded_range(ys, low=0.1, high=0.15)
         self.y_axis.label = f"memory saved ({unit})"
 
 
@@ -250,7 +349,14 @@ class Panel:
     """The tuner's widgets in their layout: ``children`` goes into the Tuner's VBox."""
 
     def __init__(
-        self, title_html: str, modules: Sequence[tuple[str, str]], n_blocks: int, optimizer: str
+        self,
+        title_html: str,
+        modules: Sequence[tuple[str, str]],
+        n_blocks: int,
+        optimizer: str,
+        *,
+        precision_now: str | None = None,
+        optimizer_now: str | None = None,
     ) -> None:
         self.modules = widgets.SelectMultiple(
             options=list(modules),
@@ -263,11 +369,16 @@ class Panel:
         )
         self.every = widgets.BoundedIntText(value=1, min=1, max=10**6, description="every n-th")
         self.regex = widgets.Text(description="or regex", placeholder=r"e.g. h\.\d+")
+        # The first choice is the model as it is, named by what it is (AS_IS is Config's None).
         self.precision = widgets.Dropdown(
-            options=[("as is", None), *((p, p) for p in PRECISIONS)], description="precision"
+            options=[(f"{precision_now or 'as is'} (as is)", AS_IS), *((p, p) for p in PRECISIONS)],
+            value=AS_IS,
+            description="precision",
         )
+        now = f"{optimizer_now} (as is: {optimizer})" if optimizer_now else f"as is ({optimizer})"
         self.optimizer = widgets.Dropdown(
-            options=[(f"as is ({optimizer})", None), *((o, o) for o in OPTIMIZERS)],
+            options=[(now, AS_IS), *((o, o) for o in OPTIMIZERS)],
+            value=AS_IS,
             description="optimizer",
         )
         self.budget = widgets.Text(
@@ -296,7 +407,7 @@ class Panel:
             widgets.HBox([self.progress, self.status]),
             self.messages,
             self.table,
-            widgets.HBox([self.breakdown.figure, self.tradeoff.figure]),
+            widgets.HBox([self.breakdown.widget, self.tradeoff.figure]),
             self.fit_text,
             widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
         ]

@@ -311,3 +311,19 @@ def test_set_and_config_round_trip_and_the_charts_follow_the_rows(
     assert list(tuner.panel.breakdown.bars.x) == labels
     assert list(tuner.panel.tradeoff.points.names) == labels
     assert tuner.panel.progress.value == tuner.panel.progress.max == 2
+
+
+def test_dropdowns_show_the_model_as_it_is(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)  # an fp32 model and an AdamW
+    precision, optimizer = tuner.panel.precision, tuner.panel.optimizer
+    assert (precision.label, optimizer.label) == ("fp32 (as is)", "adamw (as is: opt)")
+    assert precision.index == optimizer.index == 0  # selected, not a blank dropdown
+    assert tuner.config == Config()
+    tuner.set(Config(precision="bf16", optimizer="sgd"))
+    assert (precision.label, optimizer.label) == ("bf16", "sgd")
+    tuner.set(Config())
+    assert (precision.label, optimizer.label) == ("fp32 (as is)", "adamw (as is: opt)")
+    assert tuner.config == Config()
+    ns["opt2"] = torch.optim.SGD(ns["model"].parameters(), lr=0.1, momentum=0.9)
+    assert tune(ns["model"], "opt2", shell=shell).panel.optimizer.label == "sgd-momentum (as is: opt2)"
+    assert tune(ns["model"], "missing", shell=shell).panel.optimizer.label == "as is (missing)"

@@ -178,3 +178,27 @@ def test_step_without_an_optimizer_says_how_to_get_one() -> None:
     with pytest.raises(RuntimeError, match="no optimizer to step: pass optimizer_obj"):
         applied.step()
     applied.revert()
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda ps: torch.optim.AdamW(ps), "adamw"),
+        (lambda ps: torch.optim.AdamW(ps, fused=True), "adamw-fused"),
+        (lambda ps: torch.optim.Adam(ps), "adam"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1), "sgd"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "sgd-momentum"),
+        (lambda ps: torch.optim.RMSprop(ps), "RMSprop"),
+    ],
+)
+def test_optimizer_name_says_what_the_optimizer_is(make: Any, name: str) -> None:
+    from jupyter_gpumem.techniques.optimizers import optimizer_name
+
+    assert optimizer_name(make(make_model().parameters())) == name
+    assert name in OPTIMIZERS or name == "RMSprop"
+
+
+def test_optimizer_name_of_nothing_is_none() -> None:
+    from jupyter_gpumem.techniques.optimizers import optimizer_name
+
+    assert optimizer_name(None) is None

@@ -219,3 +219,16 @@ def test_unknown_precision_lists_the_allowed_ones() -> None:
     with pytest.raises(ValueError) as err:
         apply(make_model(), precision="fp8")
     assert all(name in str(err.value) for name in PRECISIONS)
+
+
+def test_precision_name_reads_the_parameters_dtype() -> None:
+    from jupyter_gpumem.techniques.precision import precision_name
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))  # 40 and 36 parameters
+    assert precision_name(model) == "fp32"
+    model[0].to(torch.bfloat16)
+    model[1].to(torch.bfloat16)
+    assert precision_name(model) == "bf16"
+    model[1].to(torch.float16)
+    assert precision_name(model) == "mixed (bf16, fp16)"  # most parameters first
+    assert precision_name(nn.ReLU()) is None

@@ -1,0 +1,92 @@
+"""The tuner's table and charts from plain rows: readable at any width, nothing clipped or hidden."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+pytest.importorskip("bqplot")
+
+from jupyter_gpumem.widgets.tuner_charts import (
+    CATEGORY_COLORS,
+    BreakdownChart,
+    TradeoffChart,
+    rows_html,
+    rows_text,
+)
+
+MiB = 2**20
+ROWS: list[dict[str, Any]] = [
+    {
+        "configuration": "baseline", "status": "ok", "peak_bytes": 107 * MiB, "step_ms": 1121.0,
+        "delta_peak_bytes": 0, "delta_peak_pct": 0.0, "delta_step_pct": 0.0, "fits_budget": None,
+        "breakdown": {"activations": 70 * MiB, "optimizer_state": 16 * MiB, "temporary": 10 * MiB,
+                      "parameters": 8 * MiB},
+        "warnings": (),
+    },
+    {
+        "configuration": "ckpt blocks · bf16 · sgd", "status": "ok", "peak_bytes": 11324621,
+        "step_ms": 927.0, "delta_peak_bytes": -83 * MiB, "delta_peak_pct": -78.0,
+        "delta_step_pct": 47.0, "fits_budget": None,
+        "breakdown": {"temporary": 13 * MiB, "parameters": 4 * MiB, "gradients": 3 * MiB},
+        "warnings": (),
+    },
+]  # fmt: skip
+
+
+def test_text_wraps_between_words_and_keeps_each_size_whole() -> None:
+    text = rows_text(ROWS)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 110  # fits a notebook's output area
+    assert "activations 70.0 MiB," in text and "optimizer state 16.0 MiB," in text
+    assert not re.search(r"\d\s*$", "\n".join(line.rstrip() for line in lines))  # no "70.0" / "MiB"
+    base = [line for line in lines if line.startswith("baseline")]
+    assert len(base) == 1 and "activations 70.0 MiB," in base[0]
+    following = lines[lines.index(base[0]) + 1]
+    assert following.startswith(" " * 20) and "optimizer state 16.0 MiB," in following
+
+
+def test_columns_empty_in_every_row_are_left_out() -> None:
+    head = rows_text(ROWS).splitlines()[0]
+    assert "notes" not in head and "fits budget" not in head  # no warnings, no budget
+    page = rows_html(ROWS)
+    assert ">notes<" not in page and ">fits budget<" not in page
+    warned = [{**ROWS[0], "warnings": ("no training steps were recognised",), "fits_budget": True}]
+    assert rows_text(warned).splitlines()[0].split()[-3:] == ["fits", "budget", "notes"]
+    assert ">notes<" in rows_html(warned) and ">yes<" in rows_html(warned)
+
+
+def test_html_numbers_and_headers_never_wrap() -> None:
+    page = rows_html(ROWS)
+    for text in ("107 MiB", "1121 ms", "-83.0 MiB -78%", "+47%", "Δ peak", "Δ step", "peak"):
+        cell = re.search(rf'<t[dh] style="([^"]*)">{re.escape(text)}</t[dh]>', page)
+        assert cell is not None and "white-space:nowrap" in cell.group(1), text
+    # a breakdown cell may wrap, but only between its items
+    assert "activations\u00a070.0\u00a0MiB, optimizer\u00a0state\u00a016.0\u00a0MiB" in page
+
+
+def test_tradeoff_scales_reach_past_the_points_and_their_names() -> None:
+    chart = TradeoffChart()
+    chart.update(ROWS)
+    xs, ys = list(chart.points.x), list(chart.points.y)
+    assert (xs, ys) == ([0.0, 47.0], [0.0, 83.0])
+    span = 47.0
+    assert chart.x.min <= -0.08 * span and chart.x.max >= 47.0 + 0.3 * span  # room for the name
+    assert chart.y.min < 0.0 and chart.y.max > 83.0 * 1.1
+
+
+def test_breakdown_legend_is_html_outside_the_plot_in_the_page_colour() -> None:
+    chart = BreakdownChart()
+    chart.update(ROWS)
+    assert chart.bars.display_legend is False  # nothing drawn over the bars
+    assert list(chart.widget.children) == [chart.figure, chart.legend]
+    legend = chart.legend.value
+    assert "color:inherit" in legend
+    for category in ("activations", "optimizer state", "temporary", "parameters", "gradients"):
+        assert f"</span>{category}</span>" in legend
+    assert CATEGORY_COLORS["activations"] in legend
+    # level names on the left, wide enough for the longest one; the first row on top
+    assert chart.bars.orientation == "horizontal" and chart.x.reverse
+    assert chart.figure.fig_margin["left"] >= 7 * len("ckpt blocks · bf16 · sgd")
