@@ -66,8 +66,12 @@ def attribute(
     started_at_us: int,
     cell: tuple[str, int] | None,
     top: int = 10,
+    drawn: Timeline | None = None,
 ) -> Attribution:
-    """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM."""
+    """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM.
+
+    ``drawn`` is a timeline made elsewhere (of a cell traced in part), used as it is.
+    """
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
     breakdown = categorize(
@@ -95,7 +99,7 @@ def attribute(
         breakdown=breakdown,
         peak_phase=phase,
         peak_step=step,
-        timeline=timeline(replay, events, marks, started_at_us),
+        timeline=drawn or timeline(replay, events, marks, started_at_us),
         tensors=tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
         oom=oom,
     )

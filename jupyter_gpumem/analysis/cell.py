@@ -115,6 +115,7 @@ def _device_attribution(
     tags = rec.tags
     if window.first_step > 0:  # a later window: the tagger tagged afresh when it began
         tags = tuple(t for t in tags if t.time_us + CUDA_CLOCK_SLACK_US >= window.started_us)
+    whole = len(peaks.windows) <= 1 and not drec.samples  # one window, the whole cell
     found = attribute(
         peaks.replay,
         window.events,
@@ -126,8 +127,9 @@ def _device_attribution(
         started_at_us=started_us,
         cell=cell,
         top=top,
+        drawn=None if whole else cell_timeline(peaks, drec.samples, rec.marks, started_us),
     )
-    if len(peaks.windows) <= 1 and not drec.samples:
+    if whole:
         return found
     breakdown = dict(found.breakdown)
     missing = peaks.peak_allocated - peaks.replay.peak_allocated
@@ -150,7 +152,6 @@ def _device_attribution(
         breakdown=breakdown,
         peak_phase=found.peak_phase if missing == 0 else None,
         peak_step=found.peak_step if missing == 0 else peaks.peak_step,
-        timeline=cell_timeline(peaks, drec.samples, rec.marks, started_us),
         tensors=tensors,
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
 SMALL_SEGMENT = 2 << 20  # the small pool's segments are exactly 2 MiB
@@ -47,9 +47,12 @@ class SegmentState:
     blocks: tuple[BlockState, ...]
 
 
-@dataclass(frozen=True)
-class TraceEvent:
-    """One allocator action, as recorded by ``_record_memory_history``."""
+class TraceEvent(NamedTuple):
+    """One allocator action, as recorded by ``_record_memory_history``.
+
+    A named tuple rather than a dataclass: a long cell's windows hold tens of thousands,
+    made in one pass after the cell, where construction cost is what the user waits for.
+    """
 
     action: str  # alloc, free_requested, free_completed, segment_alloc, segment_free, ...
     address: int
@@ -108,6 +111,7 @@ class _Model:
     small_segments: set[int] = field(default_factory=set)
     allocated: int = 0
     reserved: int = 0
+    freed: list[tuple[int, Live]] = field(default_factory=list)  # (event index, block freed)
 
     def add_segment(
         self, address: int, size: int, is_small: bool, blocks: Sequence[BlockState]
@@ -148,12 +152,15 @@ class _Model:
         block.state, block.requested, block.alloc_index = ALLOCATED, requested, index
         self.allocated += block.size
 
-    def free_requested(self, address: int) -> None:
+    def free_requested(self, address: int, index: int) -> None:
         block = self.blocks.get(address)
         if block is None or block.state != ALLOCATED:
             raise _Mismatch(f"free of {address:#x}, which the model does not hold as allocated")
         block.state = PENDING
         self.allocated -= block.size
+        self.freed.append(
+            (index, Live(block.address, block.size, block.requested, block.alloc_index))
+        )
 
     def free_completed(self, address: int) -> None:
         block = self.blocks.get(address)
@@ -248,7 +255,7 @@ def replay(
             if keep_live_at_peak:
                 live_at_peak = ()  # rebuilt once after the loop: cheaper than at every new peak
     if keep_live_at_peak and peak_index >= 0:
-        live_at_peak = _live_after(segments, events, peak_index)
+        live_at_peak = _live_at(model, peak_index) if reason is None else ()
     return Replay(
         exact=reason is None,
         reason=reason,
@@ -271,7 +278,7 @@ def _apply(model: _Model, ev: TraceEvent, index: int) -> None:
     if ev.action == "alloc":
         model.alloc(ev.address, ev.size, index)
     elif ev.action == "free_requested":
-        model.free_requested(ev.address)
+        model.free_requested(ev.address, index)
     elif ev.action == "free_completed":
         model.free_completed(ev.address)
     elif ev.action == "segment_alloc":
@@ -283,15 +290,15 @@ def _apply(model: _Model, ev: TraceEvent, index: int) -> None:
     # "oom", "snapshot" and unknown future actions change no counter
 
 
-def _live_after(
-    segments: Sequence[SegmentState], events: Sequence[TraceEvent], last: int
-) -> tuple[Live, ...]:
-    model = _Model()
-    for seg in segments:
-        model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
-    for i in range(last + 1):
-        _apply(model, events[i], i)
-    return model.live()
+def _live_at(model: _Model, index: int) -> tuple[Live, ...]:
+    """The blocks allocated just after event ``index``, from the end state and the frees.
+
+    An allocated block keeps its size until it is freed, so the blocks live then are those
+    still live at the end that were allocated by then, and those freed later.
+    """
+    at_end = [b for b in model.live() if b.event_index <= index]
+    freed_later = [b for i, b in model.freed if i > index and b.event_index <= index]
+    return tuple(sorted((*at_end, *freed_later), key=lambda b: b.address))
 
 
 def replay_exact(

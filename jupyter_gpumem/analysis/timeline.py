@@ -41,7 +41,7 @@ class Timeline:
 
 
 def downsample(
-    t_s: Sequence[float], allocated: Sequence[int], reserved: Sequence[int], max_points: int = 2000
+    t_s: Sequence[float], allocated: Sequence[int], reserved: Sequence[int], max_points: int = 800
 ) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
     """At most ``max_points`` points, keeping each bucket's maximum so no peak is lost."""
     n = len(t_s)

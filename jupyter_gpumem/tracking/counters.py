@@ -59,6 +59,7 @@ class PeakCounters:
         self._lock = threading.Lock()
         self._intervals: list[Interval] = []
         self._held: dict[int, dict[tuple[str, ...], int]] = {}  # the user's peaks we reset away
+        self._paths: dict[int, list[tuple[str, ...]]] = {}  # where the peaks are in the stats
         self._originals: list[tuple[Any, str, Callable[..., Any]]] = []
         self._torch: Any = None
 
@@ -147,9 +148,15 @@ class PeakCounters:
         )
         self._fold(device, reading)
         held = self._held.setdefault(device, {})
-        for path, value in _peaks(stats):
-            if value > held.get(path, 0):
-                held[path] = value
+        paths = self._paths.get(device)
+        if paths is None:  # the stats' shape is fixed: find the peaks once per device
+            paths = self._paths[device] = [path for path, _ in _peaks(stats)]
+        for path in paths:
+            node: Any = stats
+            for key in path:
+                node = node.get(key, 0) if isinstance(node, dict) else 0
+            if isinstance(node, int) and node > held.get(path, 0):
+                held[path] = node
         self._torch._C._cuda_resetPeakMemoryStats(device)
         return reading
 

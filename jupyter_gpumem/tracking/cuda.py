@@ -307,7 +307,7 @@ class CudaSession:
             elif user_changed and not trace:
                 problem = "the cell switched memory history recording off"
             else:
-                events = tuple(_event(e) for e in trace[first:])
+                events = _events(trace[first:])
             self._windows.setdefault(d, []).append(
                 TraceWindow(
                     segments_before=start.segments,
@@ -442,13 +442,20 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
     )
 
 
-def _event(entry: Mapping[str, Any]) -> TraceEvent:
-    return TraceEvent(
-        action=entry["action"],
-        address=int(entry.get("addr", 0)),
-        size=int(entry.get("size", 0)),
-        time_us=int(entry.get("time_us", 0)),
-        frames=entry.get("frames", ()),
+def _events(entries: Sequence[Mapping[str, Any]]) -> tuple[TraceEvent, ...]:
+    """Trace entries as events; one pass, positional, as it runs over every entry of a window."""
+    new = TraceEvent
+    return tuple(
+        [
+            new(
+                e["action"],
+                e.get("addr", 0),
+                e.get("size", 0),
+                e.get("time_us", 0),
+                e.get("frames", ()),
+            )
+            for e in entries
+        ]
     )
 
 
