@@ -9,9 +9,11 @@ AdamW for 1000 steps. The same MLP also runs on the CPU, in a child process that
 CUDA device. ``--quick`` runs small versions of every cell.
 
 Each cell runs through ``shell.run_cell`` in one IPython shell with the extension loaded,
-plain and under ``%%gpumem`` alternately, for ``--rounds`` rounds after one untimed run of
-each. ``whole_s`` is the wall time of ``run_cell`` (the magic's analysis and the report's
+plain and under ``%%gpumem`` alternately, for ``--rounds`` rounds (three times as many for
+cells under 2 s) after one untimed run of each. ``whole_s`` is the wall time of ``run_cell`` (the magic's analysis and the report's
 display, all of its mime types, included); ``in_cell_s`` is what the cell body timed itself.
+``whole_overhead`` is the median over rounds of the two runs' ratio (adjacent runs share the
+machine's state, so drift cancels), with the ratios of medians and of minima beside it.
 ``rss_growth_bytes`` is the rise of the process's peak resident memory during the cell
 (``VmHWM`` after resetting it through ``/proc/self/clear_refs``), and ``trace_events`` the
 allocator (or CPU dispatch) events the analysis received.
@@ -38,6 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
+SHORT_CELL_S = 2.0
 
 BODY = """
 _t0 = time.perf_counter()
@@ -79,10 +83,14 @@ class Result:
         med = statistics.median
         pw, gw = med(self.plain_whole_s), med(self.gpumem_whole_s)
         pi, gi = med(self.plain_in_cell_s), med(self.gpumem_in_cell_s)
+        pairs = zip(self.gpumem_whole_s, self.plain_whole_s, strict=True)
         self.summary = {
             "plain_whole_s": pw,
             "gpumem_whole_s": gw,
-            "whole_overhead": gw / pw - 1,
+            # each round's two runs are adjacent, so their ratio cancels the machine's drift
+            "whole_overhead": med([g / p - 1 for g, p in pairs]),
+            "whole_overhead_of_medians": gw / pw - 1,
+            "whole_overhead_of_minima": min(self.gpumem_whole_s) / min(self.plain_whole_s) - 1,
             "whole_overhead_ms": (gw - pw) * 1e3,
             "plain_in_cell_s": pi,
             "gpumem_in_cell_s": gi,
@@ -210,8 +218,10 @@ class Bench:
         ns.update(cell.build(self.device), time=time, sync=self.sync, torch=torch)
         body = BODY.format(steps=cell.steps, step=cell.step)
         result = Result(cell.name, str(self.device), cell.steps)
-        self._once(body)  # warm-up: kernels, cuBLAS workspaces, optimizer state
+        warm, _, _ = self._once(body)  # warm-up: kernels, cuBLAS workspaces, optimizer state
         self._once("%%gpumem --quiet\n" + body)
+        if warm < SHORT_CELL_S:  # short cells are noisier: more rounds for the same time
+            rounds *= 3
         for i in range(rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
             for tracked in order:

@@ -88,6 +88,8 @@ def device_peaks(rec: DeviceRecording) -> DevicePeaks:
 
 
 def _replay(w: TraceWindow) -> Replay:
+    if w.replayed is not None:
+        return w.replayed
     return replay(
         w.segments_before,
         w.events,

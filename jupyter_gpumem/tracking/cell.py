@@ -73,7 +73,6 @@ class CellTracker:
         self._started_at = 0.0
         self._schedule: DetailSchedule | None = None
         self._detailed = False
-        self._end_pending = False  # the window is done; it closes at the next forward
         self._hooks: list[Any] = []
         self._watch = RootWatch(lambda module, args: self._boundary("forward", module, args))
 
@@ -180,15 +179,10 @@ class CellTracker:
             return
         counted = schedule.boundary(kind)
         if self._detailed:
-            # After the last detailed optimizer step the window stays open until the next
-            # forward begins, so a cell that ends there never pays for closing it.
-            done = counted and schedule.window_done()
-            if (self._end_pending and kind == "forward") or (done and kind == "forward"):
+            if counted and schedule.window_done():
                 if self._tagger is None or self._tagger.can_pause():
                     if self._guarded("light mode", self._go_light) is _FAILED:
                         self._schedule = None
-            elif done:
-                self._end_pending = True
         elif counted and self._session is not None and schedule.sample_due():
             if self._guarded("light mode", lambda: self._sample(module, args)) is _FAILED:
                 self._schedule = None
@@ -197,7 +191,6 @@ class CellTracker:
         assert self._schedule is not None
         step = self._schedule.position
         self._detailed = False
-        self._end_pending = False
         if self._tagger is not None:
             self._tagger.pause()
             if not self._schedule.optimizer_steps:

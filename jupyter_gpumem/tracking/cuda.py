@@ -24,10 +24,10 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpumem.analysis.replay import BlockState, SegmentState, TraceEvent
+from jupyter_gpumem.analysis.replay import BlockState, Replay, SegmentState, TraceEvent, replay
 from jupyter_gpumem.tracking.counters import COUNTERS, Interval
 
 MAX_ENTRIES = 2_000_000
@@ -48,6 +48,9 @@ class TraceWindow:
     last_step: int | None  # the step it ended before; None if it lasted to the end of the cell
     problem: str | None = None  # why the window's trace cannot be used; None when it can
     started_us: int = 0  # unix microseconds, the clock of the trace and of the tags
+    # The replay, made when the window closed mid-cell: a GPU-bound loop is then still
+    # running queued kernels, so the work costs the user nothing there.
+    replayed: Replay | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,14 @@ class CudaSession:
                 problem = "the cell switched memory history recording off"
             else:
                 events = _events(trace[first:])
+            replayed = None
+            if last_step is not None and problem is None:
+                replayed = replay(
+                    start.segments,
+                    events,
+                    allocated_start=start.allocated,
+                    reserved_start=start.reserved,
+                )
             self._windows.setdefault(d, []).append(
                 TraceWindow(
                     segments_before=start.segments,
@@ -320,6 +331,7 @@ class CudaSession:
                     last_step=last_step,
                     problem=problem,
                     started_us=start.started_us,
+                    replayed=replayed,
                 )
             )
         self._open.clear()
