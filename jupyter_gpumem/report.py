@@ -59,7 +59,13 @@ class DeviceReport:
     oom: OomInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # By hand rather than asdict(): no deep copy of the timeline on every display.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["breakdown"] = None if self.breakdown is None else dict(self.breakdown)
+        out["timeline"] = None if self.timeline is None else self.timeline.to_dict()
+        out["tensors"] = [t.to_dict() for t in self.tensors]
+        out["oom"] = None if self.oom is None else asdict(self.oom)
+        return out
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,12 @@ def attribute(
     cell: tuple[str, int] | None,
     top: int = 10,
     drawn: Timeline | None = None,
+    listed: tuple[TensorRecord, ...] | None = None,
 ) -> Attribution:
     """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM.
 
-    ``drawn`` is a timeline made elsewhere (of a cell traced in part), used as it is.
+    ``drawn`` and ``listed`` are a timeline and tensor list made elsewhere (of a cell traced
+    in part), used as they are.
     """
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
@@ -100,7 +102,9 @@ def attribute(
         peak_phase=phase,
         peak_step=step,
         timeline=drawn or timeline(replay, events, marks, started_at_us),
-        tensors=tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
+        tensors=listed
+        if listed is not None
+        else tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
         oom=oom,
     )
 

@@ -116,6 +116,18 @@ def _device_attribution(
     if window.first_step > 0:  # a later window: the tagger tagged afresh when it began
         tags = tuple(t for t in tags if t.time_us + CUDA_CLOCK_SLACK_US >= window.started_us)
     whole = len(peaks.windows) <= 1 and not drec.samples  # one window, the whole cell
+    listed = None
+    if not whole and drec.end_blocks is not None:
+        listed = tensors_at_end(
+            [e for w in peaks.windows for e in w.window.events],
+            _window_blocks(drec.windows[0]) if drec.windows else (),
+            drec.end_blocks,
+            {a: n for a, n in rec.named.items() if n.device == device},
+            device=device,
+            cell=cell,
+            top=top,
+            marks=rec.marks,
+        )
     found = attribute(
         peaks.replay,
         window.events,
@@ -128,31 +140,18 @@ def _device_attribution(
         cell=cell,
         top=top,
         drawn=None if whole else cell_timeline(peaks, drec.samples, rec.marks, started_us),
+        listed=listed,
     )
     if whole:
         return found
     breakdown = dict(found.breakdown)
     missing = peaks.peak_allocated - peaks.replay.peak_allocated
     breakdown["unattributed"] = breakdown.get("unattributed", 0) + missing
-    on_device = {a: n for a, n in rec.named.items() if n.device == device}
-    tensors = found.tensors
-    if drec.end_blocks is not None:
-        tensors = tensors_at_end(
-            [e for w in peaks.windows for e in w.window.events],
-            _window_blocks(drec.windows[0]) if drec.windows else (),
-            drec.end_blocks,
-            on_device,
-            device=device,
-            cell=cell,
-            top=top,
-            marks=rec.marks,
-        )
     return replace(
         found,
         breakdown=breakdown,
         peak_phase=found.peak_phase if missing == 0 else None,
         peak_step=found.peak_step if missing == 0 else peaks.peak_step,
-        tensors=tensors,
     )
 
 
