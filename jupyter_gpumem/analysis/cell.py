@@ -9,7 +9,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
-from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks
+from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
 from jupyter_gpumem.analysis.replay import ALLOCATED, Live, Replay, TraceEvent, replay_exact
 from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.tracking.cell import CellRecording
@@ -115,7 +115,7 @@ def _device_attribution(
     tags = rec.tags
     if window.first_step > 0:  # a later window: the tagger tagged afresh when it began
         tags = tuple(t for t in tags if t.time_us + CUDA_CLOCK_SLACK_US >= window.started_us)
-    whole = len(peaks.windows) <= 1 and not drec.samples  # one window, the whole cell
+    whole = len(drec.windows) <= 1 and not past_windows(drec)  # one window, the whole cell
     listed = None
     if not whole and drec.end_blocks is not None:
         listed = tensors_at_end(

@@ -62,7 +62,7 @@ def device_peaks(rec: DeviceRecording) -> DevicePeaks:
         note = f"{reason}; exact peaks from the cell's own allocator counters, without a breakdown"
         return DevicePeaks(peak_a, peak_r, "counters", note, None)
     notes = [f"{p}; that stretch is covered by the allocator's counters" for p in problems]
-    light = any(u.window.last_step is not None for u in usable) or len(rec.windows) > 1
+    light = len(rec.windows) > 1 or past_windows(rec)
     if light:
         notes.append(_coverage(usable, rec.samples))
     reached = best.replay.peak_allocated == peak_a
@@ -143,3 +143,12 @@ def _from_counters(rec: DeviceRecording, problem: str) -> DevicePeaks:
     peak_a = max(rec.max_allocated_after, rec.allocated_before, rec.allocated_after)
     peak_r = max(rec.max_reserved_after, rec.reserved_before, rec.reserved_after)
     return DevicePeaks(peak_a, peak_r, "counters", note, None)
+
+
+def past_windows(rec: DeviceRecording) -> bool:
+    """True when the cell ran steps after its last detailed window."""
+    ends = [w.last_step for w in rec.windows]
+    closed = [e for e in ends if e is not None]
+    return (
+        bool(ends) and len(closed) == len(ends) and any(s.step > max(closed) for s in rec.samples)
+    )

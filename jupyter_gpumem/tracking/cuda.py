@@ -360,7 +360,7 @@ class CudaSession:
         end_blocks: dict[int, tuple[BlockState, ...]] = {}
         if self._open:
             self._close(None)
-        elif self._windows and GUARD.calls == self._guard_calls:
+        elif self._windows and GUARD.calls == self._guard_calls and self._past_windows(step):
             self.sample(step)  # the tail after the last boundary
             layout = torch.cuda.memory._snapshot()
             for d in self._windows:
@@ -407,6 +407,11 @@ class CudaSession:
                 end_blocks=end_blocks.get(d),
             )
         return recordings
+
+    def _past_windows(self, step: int) -> bool:
+        """True when the cell went on past its last window (not when it ended with it)."""
+        last = [w.last_step for ws in self._windows.values() for w in ws]
+        return any(s is None or s < step for s in last)
 
     def _device_indices(self) -> list[int]:
         count = self.torch.cuda.device_count()

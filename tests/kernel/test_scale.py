@@ -65,3 +65,27 @@ def test_the_limit_is_validated_and_dropping_is_said_once(
         assert len(history.reports()) == 2
     finally:
         history.set_limit(history.DEFAULT_LIMIT)
+
+
+def test_the_cpu_source_steps_aside_after_the_first_steps(shell: InteractiveShell) -> None:
+    setup = (
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))\n"
+        "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+        "x = torch.randn(16, 32)\n"
+        "def step():\n"
+        "    model(x).pow(2).mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)\n"
+    )
+    assert shell.run_cell(setup).success
+    counts = {}
+    for n in (5, 200):
+        assert shell.run_cell(f"%%gpumem --quiet -o r\nfor _ in range({n}):\n    step()").success
+        r = shell.user_ns["r"]
+        assert sum(r.breakdown.values()) == r.peak_allocated_bytes
+        counts[n] = len(r.timeline.t_s)
+        assert any(f"first steps only (of {n})" in note for note in r.notes), r.notes
+    # 40 times the steps, the same events: what was recorded stopped at the detailed steps
+    assert counts[200] <= counts[5] * 1.5
+    n_params = sum(p.numel() for p in shell.user_ns["model"].parameters())
+    assert shell.user_ns["r"].breakdown["parameters"] == 4 * n_params
