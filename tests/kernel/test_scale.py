@@ -15,9 +15,10 @@ WINDOW = 100
 
 
 def _timed(shell: InteractiveShell, source: str) -> float:
-    t0 = time.perf_counter()
+    """CPU seconds of this thread: what the cell costs, whatever else the machine runs."""
+    t0 = time.thread_time()
     result = shell.run_cell(source)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.thread_time() - t0
     assert result.success, result.error_in_exec
     return elapsed
 
