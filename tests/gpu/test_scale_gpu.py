@@ -100,3 +100,33 @@ def test_the_users_view_of_the_counters_is_unchanged(long_shell: InteractiveShel
     assert torch.cuda.max_memory_allocated() == before
     torch.cuda.reset_peak_memory_stats()
     assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+
+
+@pytest.mark.parametrize("steps", [3, 10])
+def test_gpt2_cells_keep_the_exact_peak(shell: InteractiveShell, steps: int) -> None:
+    pytest.importorskip("transformers")
+    import torch
+
+    setup = (
+        "import torch\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "gpt = GPT2LMHeadModel(GPT2Config()).cuda().train()\n"
+        "gpt_opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)\n"
+        "ids = torch.randint(0, 50257, (8, 1024), device='cuda')\n"
+        "def gpt_step():\n"
+        "    gpt(input_ids=ids, labels=ids).loss.backward()\n"
+        "    gpt_opt.step()\n"
+        "    gpt_opt.zero_grad(set_to_none=True)\n"
+        "gpt_step()\n"
+    )
+    assert shell.run_cell(setup).success
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    assert shell.run_cell(f"%%gpumem -o r\nfor _ in range({steps}):\n    gpt_step()").success
+    r = shell.user_ns["r"]
+    assert (r.peak_allocated_bytes, r.peak_reserved_bytes) == _expected(shell), r.notes
+    assert sum(r.breakdown.values()) == r.peak_allocated_bytes
+    n = sum(p.numel() for p in shell.user_ns["gpt"].parameters())
+    assert r.breakdown["parameters"] == 4 * n and r.breakdown["optimizer_state"] >= 8 * n
+    _dump(r, f"gpt2 {steps} steps")
