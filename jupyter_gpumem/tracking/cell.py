@@ -13,6 +13,7 @@ from typing import Any
 from jupyter_gpumem.analysis.replay import TraceEvent
 from jupyter_gpumem.tracking.cuda import CudaSession, DeviceRecording, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
+from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tracking.namespace import NamedStorage, named_storages, walk
 from jupyter_gpumem.tracking.tags import PhaseMark, Tag, Tagger
 
@@ -78,7 +79,7 @@ class CellTracker:
 
     def start(self) -> None:
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
+        if torch is not None and cuda_present(torch):
             trace = self.options.trace
             if trace and allocator_backend() != "native":
                 trace = False
@@ -124,7 +125,7 @@ class CellTracker:
             events = self._guarded("CPU tensor source", self._cpu.stop)
             cpu_events = None if events is _FAILED else events
         torch = sys.modules.get("torch")
-        cuda = torch is not None and torch.cuda.is_available()
+        cuda = torch is not None and cuda_present(torch)
         devices: dict[int, DeviceRecording] = {}
         if torch is not None and cuda and self._session is None and torch.cuda.is_initialized():
             # torch arrived with the cell, so CUDA was not initialised before it.

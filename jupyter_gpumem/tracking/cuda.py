@@ -181,6 +181,7 @@ class CudaSession:
         self._user_records = False
         self._guard_calls = 0
         self._pending_start = False
+        self._pid = os.getpid()
         self._before: dict[int, tuple[int, int]] = {}
         self._intervals: dict[int, Interval] = {}
         self._open: dict[int, _WindowStart] = {}  # the window being recorded, per device
@@ -218,7 +219,9 @@ class CudaSession:
             self._begin(step=0)
 
     def _start_when_initialized(self) -> None:
-        if not self._pending_start:
+        # A forked child inherits torch's queue of calls to make when CUDA comes up: recording
+        # is the parent's business, and the child's own CUDA must come up untouched.
+        if not self._pending_start or os.getpid() != self._pid:
             return
         self._pending_start = False
         for d in self._device_indices():
