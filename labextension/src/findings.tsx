@@ -1,7 +1,8 @@
 /**
  * What a report found besides the numbers: the tensors a cell left alive (and
  * the largest it freed), what was live when it ran out of memory, and leak
- * hints. Every string comes from the kernel and is rendered as React text.
+ * hints. Every string comes from the kernel and is rendered as React text
+ * (code spans of hint texts as <code> elements), never as HTML.
  */
 import * as React from 'react';
 
@@ -10,18 +11,48 @@ import { StackedBar } from './charts';
 import { formatBytes, UNKNOWN, Units } from './format';
 import { ILeakHint, IOomInfo, ITensorRecord } from './types';
 
-/** Longer names are shortened in the middle; the start and the end tell them apart. */
-export const MAX_NAME_CHARS = 48;
+/**
+ * Longer names are shortened from the left, keeping their end (what tells
+ * `...layers.11.mlp.weight]['exp_avg']` from its neighbours); up to it the name
+ * column takes the room it needs (as the report's own HTML does).
+ */
+export const MAX_NAME_CHARS = 120;
 /** Rows shown before the table sums up the rest. */
 export const MAX_TENSOR_ROWS = 12;
 
-/** `"opt.state[model.0.weight]['exp_avg_sq']"` -> `"opt.state[mod…['exp_avg_sq']"` past `max`. */
+/** `"opt.state[model.0.weight]['exp_avg_sq']"` -> `"…0.weight]['exp_avg_sq']"` past `max`. */
 export function shortName(name: string, max = MAX_NAME_CHARS): string {
   if (name.length <= max) {
     return name;
   }
-  const tail = Math.ceil((max - 1) * 0.6);
-  return `${name.slice(0, max - 1 - tail)}…${name.slice(name.length - tail)}`;
+  return `…${name.slice(name.length - (max - 1))}`;
+}
+
+/** Where a name may wrap when its column is too narrow: after `.` and `]`, before `[`. */
+const NAME_BREAK = /(?<=[.\]])|(?=\[)/;
+
+/** `"a.b[c]"` as text with line break opportunities (<wbr>): `a.`, `b`, `[c]`. */
+function breakable(name: string): React.ReactNode {
+  return name.split(NAME_BREAK).map((part, i) => (
+    <React.Fragment key={i}>
+      {i > 0 && <wbr />}
+      {part}
+    </React.Fragment>
+  ));
+}
+
+/** Code spans in hint texts, as the kernel writes them: `` `%gpumem free` ``. */
+const CODE_SPAN = /`([^`\n]+)`/;
+
+/**
+ * `"Run `%gpumem free`."` -> `Run <code>%gpumem free</code>.`, as React nodes:
+ * the rest stays text, so nothing in it is ever read as HTML.
+ */
+export function withCode(text: string): React.ReactNode {
+  // split() with a capturing group: the code spans are the odd parts.
+  return text.split(CODE_SPAN).map((part, i) =>
+    i % 2 ? <code key={i}>{part}</code> : <React.Fragment key={i}>{part}</React.Fragment>
+  );
 }
 
 /** `[8, 1024]` -> `"8×1024"`; `[]` -> `"scalar"`; unknown -> `"–"`. */
@@ -39,7 +70,7 @@ function TensorName(props: { name: string | null }): JSX.Element {
       className={`jp-GpuMem-tensorName${props.name === null ? ' jp-mod-unnamed' : ''}`}
       title={name}
     >
-      {shortName(name)}
+      {breakable(shortName(name))}
     </td>
   );
 }
@@ -133,7 +164,7 @@ export function OomSection(props: { oom: IOomInfo; device: string; units: Units 
       )}
       {oom.advice && (
         <div className="jp-GpuMem-oomAdvice">
-          <span className="jp-GpuMem-findingLabel">Try:</span> {oom.advice}
+          <span className="jp-GpuMem-findingLabel">Try:</span> {withCode(oom.advice)}
         </div>
       )}
       {oom.breakdown && Object.keys(oom.breakdown).length > 0 && (
@@ -169,11 +200,11 @@ export function LeakHints(props: { hints: ILeakHint[]; units: Units }): JSX.Elem
               {hint.bytes !== null && (
                 <span className="jp-GpuMem-leakBytes">{formatBytes(hint.bytes, props.units)}</span>
               )}
-              {hint.message}
+              {withCode(hint.message)}
             </div>
             {hint.fix && (
               <div className="jp-GpuMem-leakFix">
-                <span className="jp-GpuMem-findingLabel">Fix:</span> {hint.fix}
+                <span className="jp-GpuMem-findingLabel">Fix:</span> {withCode(hint.fix)}
               </div>
             )}
             {hint.where.length > 0 && (

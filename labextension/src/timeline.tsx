@@ -3,9 +3,12 @@
  * training phases as translucent bands and the peak marked.
  *
  * The lines and bands are drawn in a stretched viewBox (so the chart fills the
- * output's width without measuring it); the peak's dot and label sit in the
- * outer SVG at percentage coordinates and the axis labels are HTML, so that
- * neither is distorted by the stretch.
+ * output's width without measuring it); the peak's dot and leader sit in the
+ * outer SVG at percentage coordinates, and the axis labels and the peak's label
+ * are HTML, so that none is distorted by the stretch. As in the kernel's SVG
+ * (`jupyter_gpumem/timeline_svg.py`), the peak's label has its own row above
+ * the plot area, where no curve runs, and reserved memory is drawn only where it
+ * is not allocated memory again (on the CPU the two are one series).
  */
 import * as React from 'react';
 
@@ -18,6 +21,8 @@ const HEADROOM = 1.08;
 /** The viewBox of the stretched drawing: x in [0, W], y in [0, H] (percent). */
 const W = 1000;
 const H = 100;
+/** Pixels the peak's leader reaches up out of the plot area, towards its label. */
+const LEADER_OVERHANG = 3;
 
 /** Where a timeline's largest value and its end are, and its peak. */
 export interface ITimelineScale {
@@ -71,6 +76,35 @@ export function seriesPath(
   return points.length ? `M${points.join(' L')}` : '';
 }
 
+/** One line of the chart: its key (a CSS modifier), legend label and bytes. */
+export interface ISeries {
+  key: 'allocated' | 'reserved';
+  label: string;
+  bytes: number[];
+}
+
+function sameValues(a: number[], b: number[]): boolean {
+  return a.length === b.length && a.every((v, i) => v === b[i]);
+}
+
+/** The series worth drawing, back to front: reserved only when it is not allocated again. */
+export function timelineSeries(timeline: ITimeline): ISeries[] {
+  const out: ISeries[] = [];
+  const { allocated_bytes, reserved_bytes } = timeline;
+  if (reserved_bytes.length && !sameValues(reserved_bytes, allocated_bytes)) {
+    out.push({ key: 'reserved', label: 'Reserved', bytes: reserved_bytes });
+  }
+  if (allocated_bytes.length) {
+    out.push({ key: 'allocated', label: 'Allocated', bytes: allocated_bytes });
+  }
+  return out;
+}
+
+/** How a label at `fraction` of the width is aligned to stay inside (as `_align` in Python). */
+export function labelAlign(fraction: number): 'start' | 'middle' | 'end' {
+  return fraction < 0.3 ? 'start' : fraction > 0.7 ? 'end' : 'middle';
+}
+
 /** `peak 782 MiB at 0.6 ms` */
 export function peakText(scale: ITimelineScale, units: Units): string {
   return `peak ${formatBytes(scale.peak_bytes, units)} at ${formatSeconds(scale.peak_t_s)}`;
@@ -100,13 +134,20 @@ export function TimelineChart(props: {
   const peak = peakText(scale, units);
   const title = `${props.label}: ${peak}`;
   const phases = PHASES.filter(p => timeline.bands.some(b => phaseOf(b.phase).key === p.key));
-  const series = [
-    { key: 'reserved', label: 'Reserved', bytes: timeline.reserved_bytes },
-    { key: 'allocated', label: 'Allocated', bytes: timeline.allocated_bytes }
-  ].filter(s => s.bytes.length);
+  const series = timelineSeries(timeline);
+  const align = labelAlign(peakX / 100);
   return (
     <figure className="jp-GpuMem-timeline">
       <div className="jp-GpuMem-timelinePlot">
+        <div />
+        <div className="jp-GpuMem-timelinePeakRow">
+          <span
+            className={`jp-GpuMem-timelinePeakLabel jp-mod-${align}`}
+            style={{ left: percent(peakX) }}
+          >
+            {peak}
+          </span>
+        </div>
         <div className="jp-GpuMem-timelineYAxis" aria-hidden="true">
           <span style={{ top: percent(yPct(scale.top_bytes)) }}>
             {formatBytes(scale.top_bytes, units)}
@@ -159,6 +200,13 @@ export function TimelineChart(props: {
               />
             ))}
           </svg>
+          <line
+            className="jp-GpuMem-timelinePeakLeader"
+            x1={percent(peakX)}
+            x2={percent(peakX)}
+            y1={-LEADER_OVERHANG}
+            y2={percent(peakY)}
+          />
           <circle
             className="jp-GpuMem-timelinePeak"
             cx={percent(peakX)}
@@ -167,16 +215,6 @@ export function TimelineChart(props: {
           >
             <title>{peak}</title>
           </circle>
-          <text
-            className="jp-GpuMem-timelinePeakLabel"
-            x={percent(peakX)}
-            y={percent(peakY)}
-            dx={peakX > 65 ? -8 : 8}
-            dy={peakY < 25 ? 14 : -6}
-            textAnchor={peakX > 65 ? 'end' : 'start'}
-          >
-            {peak}
-          </text>
         </svg>
         <div />
         <div className="jp-GpuMem-timelineXAxis" aria-hidden="true">
@@ -185,7 +223,7 @@ export function TimelineChart(props: {
         </div>
       </div>
       <ul className="jp-GpuMem-legend jp-GpuMem-timelineLegend">
-        {series.map(s => (
+        {[...series].reverse().map(s => (
           <li key={s.key} className="jp-GpuMem-legendItem">
             <span className={`jp-GpuMem-lineSwatch jp-mod-${s.key}`} />
             <span className="jp-GpuMem-legendLabel">{s.label}</span>

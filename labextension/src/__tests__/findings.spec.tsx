@@ -7,12 +7,14 @@ import {
   MAX_NAME_CHARS,
   OomSection,
   shortName,
-  TensorTable
+  TensorTable,
+  withCode
 } from '../findings';
 import { ITensorRecord, parseReport } from '../types';
 import { fixture, HOSTILE, render } from './helpers';
 
 const GPU = 'report_gpu_training_step.json';
+const CPU = 'report_cpu_training_step.json';
 
 /** A tensor record: unknown everything, alive, unless given. */
 function tensor(fields: Partial<ITensorRecord>): ITensorRecord {
@@ -28,14 +30,42 @@ describe('formatShape and shortName', () => {
     expect(formatShape(null)).toBe('–');
   });
 
-  it('shortens long names in the middle, keeping both ends', () => {
+  it('keeps names whole up to MAX_NAME_CHARS and shortens longer ones from the left', () => {
     expect(shortName('x')).toBe('x');
     const long = "optimizer.state[model.encoder.layers.11.attention.weight]['exp_avg_sq']";
-    const short = shortName(long);
+    expect(long.length).toBeGreaterThan(48); // cut in the middle before
+    expect(shortName(long)).toBe(long);
+    const longer = 'model.' + 'encoder.'.repeat(20) + "weight['exp_avg_sq']";
+    const short = shortName(longer);
     expect(short).toHaveLength(MAX_NAME_CHARS);
-    expect(short.startsWith('optimizer.state[')).toBe(true);
-    expect(short.endsWith("['exp_avg_sq']")).toBe(true);
-    expect(short).toContain('…');
+    expect(MAX_NAME_CHARS).toBe(120); // as the report's HTML (report.py HTML_NAME_WIDTH)
+    expect(short).toBe('…' + longer.slice(longer.length - 119));
+    expect(short.endsWith("weight['exp_avg_sq']")).toBe(true);
+  });
+});
+
+describe('withCode', () => {
+  it('renders code spans as <code> and the rest as text, without backticks', () => {
+    const host = render(
+      <div>{withCode('Store `loss.item()` or `loss.detach()` instead, or `del` it.')}</div>
+    );
+    expect(host.textContent).toBe('Store loss.item() or loss.detach() instead, or del it.');
+    expect(Array.from(host.querySelectorAll('code')).map(c => c.textContent)).toEqual([
+      'loss.item()',
+      'loss.detach()',
+      'del'
+    ]);
+    expect(render(<div>{withCode('no code here')}</div>).innerHTML).toBe(
+      '<div>no code here</div>'
+    );
+  });
+
+  it('leaves a lone backtick as text and never reads HTML inside or outside a span', () => {
+    const host = render(<div>{withCode(`a \` b \`${HOSTILE}\` ${HOSTILE}`)}</div>);
+    expect(host.querySelector('img, script, [onerror]')).toBeNull();
+    // The first backtick pairs with the second; the third has no partner and stays.
+    expect(Array.from(host.querySelectorAll('code')).map(c => c.textContent)).toEqual([' b ']);
+    expect(host.textContent).toBe(`a  b ${HOSTILE}\` ${HOSTILE}`);
   });
 });
 
@@ -58,8 +88,8 @@ describe('TensorTable', () => {
     expect(rows[9]).toEqual(['loss', 'scalar', 'float32', '4 B', 'cell line 5']);
   });
 
-  it('names unnamed tensors, ellipsizes long names and keeps the full name as a tooltip', () => {
-    const long = 'a'.repeat(30) + '.' + 'b'.repeat(30);
+  it('names unnamed tensors, shortens only very long names, full name as a tooltip', () => {
+    const long = 'a'.repeat(70) + '.' + 'b'.repeat(70);
     const host = render(
       <TensorTable
         tensors={[
@@ -71,9 +101,31 @@ describe('TensorTable', () => {
     );
     const names = host.querySelectorAll('td.jp-GpuMem-tensorName');
     expect(names[0].textContent).toBe(shortName(long));
+    expect(names[0].textContent).toBe('…' + long.slice(-119));
     expect(names[0].getAttribute('title')).toBe(long);
     expect(names[1].textContent).toBe('(unnamed)');
     expect(names[1].classList.contains('jp-mod-unnamed')).toBe(true);
+  });
+
+  it('shows the CPU fixture\'s long optimizer-state names whole, breakable at . [ ]', () => {
+    const tensors = parseReport(fixture(CPU)).devices[0].tensors.filter(t => t.alive);
+    const host = render(<TensorTable tensors={tensors} units="GiB" />);
+    const names = Array.from(host.querySelectorAll('td.jp-GpuMem-tensorName'));
+    expect(names.map(td => td.textContent)).toEqual(tensors.map(t => t.name));
+    const name =
+      "opt.state[model.transformer_encoder.0.feed_forward_intermediate_dense.weight]['exp_avg']";
+    expect(names[0].textContent).toBe(name);
+    // Where the column is too narrow, the name wraps between its parts, not inside them.
+    expect(names[0].innerHTML.split('<wbr>')).toEqual([
+      'opt.',
+      'state',
+      '[model.',
+      'transformer_encoder.',
+      '0.',
+      'feed_forward_intermediate_dense.',
+      'weight]',
+      "['exp_avg']"
+    ]);
   });
 
   it('sums up the rows past the limit', () => {
@@ -152,6 +204,25 @@ describe('OomSection', () => {
     expect(host.querySelectorAll('tr.jp-GpuMem-tensor')).toHaveLength(3);
   });
 
+  it('shows code spans of the advice as <code>', () => {
+    const raw = fixture(GPU);
+    raw.devices[0].oom = {
+      ...oomOf(raw),
+      dominant: 'other',
+      advice: 'deleting tensors you no longer need (`del x`, `%gpumem free`)'
+    };
+    const oom = parseReport(raw).devices[0].oom!;
+    const host = render(<OomSection oom={oom} device="cuda:0" units="GiB" />);
+    const advice = host.querySelector('.jp-GpuMem-oomAdvice');
+    expect(advice?.textContent).toBe(
+      'Try: deleting tensors you no longer need (del x, %gpumem free)'
+    );
+    expect(Array.from(advice!.querySelectorAll('code')).map(c => c.textContent)).toEqual([
+      'del x',
+      '%gpumem free'
+    ]);
+  });
+
   it('renders hostile advice and categories as text', () => {
     const raw = fixture('report.json');
     raw.devices[0].oom = {
@@ -181,16 +252,39 @@ describe('LeakHints', () => {
     { kind: 'growth', bytes: null, message: 'Each run adds memory.', fix: '', where: [] }
   ];
 
-  it('lists each hint with its message and fix', () => {
+  it('lists each hint with its message and fix, code spans as <code>', () => {
     const report = parseReport({ ...fixture(GPU), leak_hints: hints });
     const host = render(<LeakHints hints={report.leak_hints} units="GiB" />);
     const items = host.querySelectorAll('li.jp-GpuMem-leak');
     expect(items).toHaveLength(2);
     expect(items[0].textContent).toBe(
       'output-cache512 MiBOut[3] keeps a 512 MiB tensor alive.' +
-        'Fix: Run `%gpumem free` or end the cell with `;`.held by Out[3], _'
+        'Fix: Run %gpumem free or end the cell with ;.held by Out[3], _'
     );
+    expect(host.textContent).not.toContain('`');
+    const fix = items[0].querySelector('.jp-GpuMem-leakFix');
+    expect(Array.from(fix!.querySelectorAll('code')).map(c => c.textContent)).toEqual([
+      '%gpumem free',
+      ';'
+    ]);
     expect(items[1].textContent).toBe('growthEach run adds memory.');
+  });
+
+  it('shows the CPU fixture\'s recorded hint without its backticks', () => {
+    const { leak_hints } = parseReport(fixture(CPU));
+    expect(leak_hints[0].fix).toContain('`loss.item()`');
+    const host = render(<LeakHints hints={leak_hints} units="GiB" />);
+    const fix = host.querySelector('.jp-GpuMem-leakFix');
+    expect(fix?.textContent).toBe(
+      'Fix: Store loss.item() or loss.detach() instead (e.g. when logging losses), ' +
+        'or del the variable once backward() is done.'
+    );
+    expect(Array.from(fix!.querySelectorAll('code')).map(c => c.textContent)).toEqual([
+      'loss.item()',
+      'loss.detach()',
+      'del'
+    ]);
+    expect(host.querySelector('.jp-GpuMem-leakWhere code')?.textContent).toBe('val_loss');
   });
 
   it('renders nothing without hints (the fixtures have none)', () => {
@@ -210,5 +304,30 @@ describe('LeakHints', () => {
     );
     expect(host.querySelector('img, script, [onerror]')).toBeNull();
     expect((host.textContent ?? '').split(HOSTILE).length - 1).toBe(4);
+  });
+
+  it('renders hostile text inside code spans as text too', () => {
+    const host = render(
+      <LeakHints
+        hints={[
+          {
+            kind: 'x',
+            bytes: null,
+            message: `\`${HOSTILE}\``,
+            fix: `Run \`${HOSTILE}\` then ${HOSTILE}`,
+            where: []
+          }
+        ]}
+        units="GiB"
+      />
+    );
+    expect(host.querySelector('img, script, [onerror]')).toBeNull();
+    expect(Array.from(host.querySelectorAll('code')).map(c => c.textContent)).toEqual([
+      HOSTILE,
+      HOSTILE
+    ]);
+    expect(host.querySelector('.jp-GpuMem-leakFix')?.textContent).toBe(
+      `Fix: Run ${HOSTILE} then ${HOSTILE}`
+    );
   });
 });

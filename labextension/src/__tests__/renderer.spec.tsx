@@ -118,7 +118,31 @@ describe('ReportView with the timeline, tensors, OOM and leak hints', () => {
     expect(text).toContain('Try: a smaller batch, or chunking the largest operation');
     expect(host.querySelectorAll('.jp-GpuMem-oom tr.jp-GpuMem-tensor')).toHaveLength(2);
     expect(text).toContain('The last traceback holds 3 MiB of tensors.');
-    expect(text).toContain('Fix: Run `%gpumem free`.');
+    expect(text).toContain('Fix: Run %gpumem free.');
+    expect(host.querySelector('.jp-GpuMem-leakFix code')?.textContent).toBe('%gpumem free');
+  });
+
+  it('shows the CPU recording with one series, whole tensor names and a code-span hint', () => {
+    const host = render(
+      <ReportView report={parseReport(fixture('report_cpu_training_step.json'))} units="GiB" />
+    );
+    const text = host.textContent ?? '';
+    expect(text).toContain('Memory over the cell on cpu');
+    // On the CPU reserved is allocated: one line, and no "Reserved" in the legend.
+    expect(
+      Array.from(host.querySelectorAll('path.jp-GpuMem-series')).map(p =>
+        p.getAttribute('data-series')
+      )
+    ).toEqual(['allocated']);
+    expect(host.querySelector('.jp-GpuMem-timelineLegend')?.textContent).toBe(
+      'AllocatedForwardBackwardOptimizer'
+    );
+    expect(text).toContain(
+      "opt.state[model.transformer_encoder.0.feed_forward_intermediate_dense.weight]['exp_avg']"
+    );
+    expect(text).not.toContain('…');
+    expect(text).toContain('Fix: Store loss.item() or loss.detach() instead');
+    expect(text).not.toContain('`');
   });
 
   it('leaves the new sections out for the older fixture, which lacks their fields', () => {

@@ -1,15 +1,28 @@
 import * as React from 'react';
 
-import { peakText, seriesPath, TimelineChart, timelineScale } from '../timeline';
+import {
+  labelAlign,
+  peakText,
+  seriesPath,
+  TimelineChart,
+  timelineScale,
+  timelineSeries
+} from '../timeline';
 import { ITimeline, parseReport } from '../types';
 import { fixture, render } from './helpers';
 
 const GPU = 'report_gpu_training_step.json';
+/** Recorded on the CPU, where reserved memory is allocated memory (the same series). */
+const CPU = 'report_cpu_training_step.json';
 
-function gpuTimeline(): ITimeline {
-  const timeline = parseReport(fixture(GPU)).devices[0].timeline;
+function timelineOf(name: string): ITimeline {
+  const timeline = parseReport(fixture(name)).devices[0].timeline;
   expect(timeline).not.toBeNull();
   return timeline as ITimeline;
+}
+
+function gpuTimeline(): ITimeline {
+  return timelineOf(GPU);
 }
 
 describe('timelineScale', () => {
@@ -95,8 +108,72 @@ describe('TimelineChart', () => {
     expect(host.querySelector('.jp-GpuMem-timelineYAxis')?.textContent).toBe('3.15 GiB0 B');
     expect(host.querySelector('.jp-GpuMem-timelineXAxis')?.textContent).toBe('07.31 ms');
     expect(host.querySelector('.jp-GpuMem-timelineLegend')?.textContent).toBe(
-      'ReservedAllocatedForwardBackwardOptimizer'
+      'AllocatedReservedForwardBackwardOptimizer'
     );
+  });
+
+  it('draws reserved memory, line and legend entry, only where it is not allocated again', () => {
+    const cpu = timelineOf(CPU);
+    expect(cpu.reserved_bytes).toEqual(cpu.allocated_bytes);
+    expect(timelineSeries(cpu).map(s => s.key)).toEqual(['allocated']);
+    expect(timelineSeries(gpuTimeline()).map(s => s.key)).toEqual(['reserved', 'allocated']);
+    expect(timelineSeries({ ...cpu, reserved_bytes: [] }).map(s => s.key)).toEqual([
+      'allocated'
+    ]);
+
+    const host = render(<TimelineChart timeline={cpu} units="GiB" label="cell" />);
+    const paths = Array.from(host.querySelectorAll('path.jp-GpuMem-series'));
+    expect(paths.map(p => p.getAttribute('data-series'))).toEqual(['allocated']);
+    expect(host.querySelectorAll('.jp-GpuMem-lineSwatch')).toHaveLength(1);
+    expect(host.querySelector('.jp-GpuMem-timelineLegend')?.textContent).toBe(
+      'AllocatedForwardBackwardOptimizer'
+    );
+  });
+
+  it('puts the peak label in its own row above the plot, with a leader down to the point', () => {
+    for (const name of [GPU, CPU]) {
+      const timeline = timelineOf(name);
+      const host = render(<TimelineChart timeline={timeline} units="GiB" label="cell" />);
+      const plot = host.querySelector('.jp-GpuMem-timelinePlot')!;
+      // The label's row comes before the y axis and the drawing: no curve runs under it.
+      const row = plot.querySelector('.jp-GpuMem-timelinePeakRow')!;
+      const label = row.querySelector('.jp-GpuMem-timelinePeakLabel') as HTMLElement;
+      expect(label).not.toBeNull();
+      const children = Array.from(plot.children);
+      expect(children.indexOf(row)).toBeLessThan(
+        children.indexOf(plot.querySelector('svg.jp-GpuMem-timelineSvg')!)
+      );
+      expect(plot.querySelector('svg .jp-GpuMem-timelinePeakLabel')).toBeNull();
+      // The leader runs from above the plot area (y < 0) down to the dot, at its x.
+      const dot = host.querySelector('circle.jp-GpuMem-timelinePeak')!;
+      const leader = host.querySelector('line.jp-GpuMem-timelinePeakLeader')!;
+      expect(leader.getAttribute('x1')).toBe(dot.getAttribute('cx'));
+      expect(leader.getAttribute('x2')).toBe(dot.getAttribute('cx'));
+      expect(parseFloat(leader.getAttribute('y1') ?? '')).toBeLessThan(0);
+      expect(leader.getAttribute('y2')).toBe(dot.getAttribute('cy'));
+      // The label starts at the leader's x, then is aligned to stay inside the plot.
+      expect(label.style.left).toBe(dot.getAttribute('cx'));
+    }
+    const gpu = render(<TimelineChart timeline={gpuTimeline()} units="GiB" label="cell" />);
+    // The GPU peak comes early (8% of the cell): the label runs to the right of it.
+    expect(gpu.querySelector('.jp-GpuMem-timelinePeakLabel')?.className).toContain('jp-mod-start');
+    const cpu = render(<TimelineChart timeline={timelineOf(CPU)} units="GiB" label="cell" />);
+    // The CPU peak comes late (95%): the label ends at it.
+    const cpuLabel = cpu.querySelector('.jp-GpuMem-timelinePeakLabel');
+    expect(cpuLabel?.className).toContain('jp-mod-end');
+    expect(cpuLabel?.textContent).toBe('peak 20.2 MiB at 57.4 ms');
+  });
+
+  it('aligns a label to stay inside, as the kernel\'s SVG does', () => {
+    expect([0, 0.29, 0.3, 0.5, 0.7, 0.71, 1].map(labelAlign)).toEqual([
+      'start',
+      'start',
+      'middle',
+      'middle',
+      'middle',
+      'end',
+      'end'
+    ]);
   });
 
   it('draws nothing for fewer than two points', () => {

@@ -98,7 +98,10 @@ function reportNotebook(): string {
   });
 }
 
-/** The report recorded on the GPU machine, and the same cell as if it had run out of memory. */
+/**
+ * The report recorded on the GPU machine, the same cell as if it had run out of memory, and
+ * a training step recorded on the CPU (reserved is allocated there; long tensor names).
+ */
 function gpuNotebook(): string {
   const recorded = fixture('report_gpu_training_step.json');
   const oom = fixture('report_gpu_training_step.json');
@@ -151,7 +154,12 @@ function gpuNotebook(): string {
     },
     cells: [
       code('recorded', '%%gpumem\nfor step in range(3):\n    train_step(x)', recorded),
-      code('oom', '%%gpumem --name "bigger batch"\ntrain_step(torch.cat([x] * 64))', oom)
+      code('oom', '%%gpumem --name "bigger batch"\ntrain_step(torch.cat([x] * 64))', oom),
+      code(
+        'cpu',
+        '%%gpumem --name cpu-training-step\nfor step in range(3):\n    train_step(x)',
+        fixture('report_cpu_training_step.json')
+      )
     ]
   });
 }
@@ -315,7 +323,7 @@ test.describe('jupyter-gpumem', () => {
     await page.theme.setLightTheme();
   });
 
-  test('a report recorded on a GPU shows its timeline, tensors, OOM and leak hints', async ({
+  test('reports recorded on a GPU and on the CPU show timeline, tensors, OOM and hints', async ({
     page,
     tmpPath
   }) => {
@@ -330,7 +338,7 @@ test.describe('jupyter-gpumem', () => {
     await page.notebook.activate(name);
 
     const views = page.locator('.jp-Notebook .jp-GpuMem-reportView');
-    await expect(views).toHaveCount(2);
+    await expect(views).toHaveCount(3);
     const recorded = views.nth(0);
     await expect(recorded).toContainText('cuda:0 · NVIDIA H200');
     await expect(recorded).toContainText('Memory over the cell on cuda:0');
@@ -353,6 +361,11 @@ test.describe('jupyter-gpumem', () => {
     const dot = await recorded.locator('circle.jp-GpuMem-timelinePeak').boundingBox();
     expect(line && dot).toBeTruthy();
     expect(Math.abs(dot!.y + dot!.height / 2 - line!.y)).toBeLessThan(3);
+    // The peak's label sits in its own row above the plot area, inside its width.
+    const label = await recorded.locator('.jp-GpuMem-timelinePeakLabel').boundingBox();
+    expect(label!.y + label!.height).toBeLessThanOrEqual(svg!.y);
+    expect(label!.x).toBeGreaterThanOrEqual(svg!.x - 1);
+    expect(label!.x + label!.width).toBeLessThanOrEqual(svg!.x + svg!.width + 1);
 
     const oom = views.nth(1);
     await expect(oom.locator('.jp-GpuMem-oom')).toContainText(
@@ -362,20 +375,52 @@ test.describe('jupyter-gpumem', () => {
     await expect(oom.locator('.jp-GpuMem-oom tr.jp-GpuMem-tensor')).toHaveCount(3);
     await expect(oom.locator('li.jp-GpuMem-leak')).toHaveCount(2);
     await expect(oom.locator('.jp-GpuMem-leakMessage', { hasText: XSS })).toHaveCount(1);
+    // Code spans of the hints are <code>, without their backticks.
+    await expect(oom.locator('.jp-GpuMem-leakFix code')).toHaveText([
+      '%gpumem free',
+      'del sys.last_traceback'
+    ]);
+    await expect(oom.locator('.jp-GpuMem-leaks')).not.toContainText('`');
+
+    // On the CPU reserved is allocated: one line and no "Reserved" legend entry; the peak
+    // comes late, so its label ends at the leader, inside the plot; names are whole.
+    const cpu = views.nth(2);
+    await expect(cpu.locator('path.jp-GpuMem-series')).toHaveCount(1);
+    await expect(cpu.locator('path.jp-mod-allocated')).toHaveCount(1);
+    await expect(cpu.locator('.jp-GpuMem-timelineLegend')).not.toContainText('Reserved');
+    const cpuSvg = await cpu.locator('svg.jp-GpuMem-timelineSvg').boundingBox();
+    const cpuLabel = await cpu.locator('.jp-GpuMem-timelinePeakLabel').boundingBox();
+    const cpuDot = await cpu.locator('circle.jp-GpuMem-timelinePeak').boundingBox();
+    expect(cpuLabel!.y + cpuLabel!.height).toBeLessThanOrEqual(cpuSvg!.y);
+    expect(cpuLabel!.x + cpuLabel!.width).toBeLessThanOrEqual(cpuSvg!.x + cpuSvg!.width + 1);
+    expect(Math.abs(cpuLabel!.x + cpuLabel!.width - (cpuDot!.x + cpuDot!.width / 2))).toBeLessThan(
+      2
+    );
+    await expect(cpu.locator('td.jp-GpuMem-tensorName').nth(0)).toHaveText(
+      "opt.state[model.transformer_encoder.0.feed_forward_intermediate_dense.weight]['exp_avg']"
+    );
+    await expect(cpu.locator('.jp-GpuMem-leakFix code')).toHaveText([
+      'loss.item()',
+      'loss.detach()',
+      'del'
+    ]);
     await expect(page.locator('.jp-Notebook .jp-GpuMem-report img')).toHaveCount(0);
     expect(dialogs).toEqual([]);
 
     fs.mkdirSync(SHOTS, { recursive: true });
     await page.sidebar.close('left');
+    await page.setViewportSize({ width: 1440, height: 1300 }); // the CPU report whole
     for (const theme of ['light', 'dark'] as const) {
       if (theme === 'dark') {
         await page.theme.setDarkTheme();
-        await expect(views).toHaveCount(2);
+        await expect(views).toHaveCount(3);
       }
       await recorded.scrollIntoViewIfNeeded();
       await recorded.screenshot({ path: screenshotPath(`report-gpu-${theme}.png`) });
       await oom.scrollIntoViewIfNeeded();
       await oom.screenshot({ path: screenshotPath(`report-oom-${theme}.png`) });
+      await cpu.scrollIntoViewIfNeeded();
+      await cpu.screenshot({ path: screenshotPath(`report-cpu-${theme}.png`) });
     }
     await page.theme.setLightTheme();
   });
