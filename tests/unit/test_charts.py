@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +14,8 @@ pytest.importorskip("bqplot")
 from bqplot import Label, Lines, Scatter
 
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.timeline_svg import PHASE_COLORS, timeline_svg
-from jupyter_gpumem.widgets.charts import timeline_figure
+from jupyter_gpumem.timeline_svg import LEGEND_TEXT, PHASE_COLORS, SERIES_COLORS, timeline_svg
+from jupyter_gpumem.widgets.charts import TimelineFigure, timeline_figure
 
 GiB, MiB = 2**30, 2**20
 SVG = "{http://www.w3.org/2000/svg}"
@@ -179,3 +181,70 @@ def test_svg_peak_label_sits_above_the_plot_area_with_a_leader(timeline: Timelin
     assert top < plot_top and bottom < float(circle.get("cy", ""))
     legend = [t for t in root.iter(f"{SVG}text") if t.text in ("allocated", "forward")]
     assert all(float(t.get("y", "")) < float(label.get("y", "")) for t in legend)  # own row
+
+
+def legend_items(fig: TimelineFigure) -> list[tuple[str, str]]:
+    """(label, swatch style) of each entry of the figure's HTML legend."""
+    root = ET.fromstring(fig.legend.value)
+    return [(item[0].tail or "", item[0].get("style", "")) for item in root]
+
+
+def test_legend_is_html_under_the_figure_in_the_text_colour_with_solid_swatches() -> None:
+    fig = timeline_figure(TRAIN)
+    # bqplot would draw it over the curves, faded like the band lines: no mark shows one there.
+    assert not [m for m in fig.marks if m.display_legend]
+    assert fig.widget.children == (fig, fig.legend)
+    # display(fig) shows the figure with its legend under it
+    bundle = fig._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == fig.widget.model_id
+    root = ET.fromstring(fig.legend.value)
+    assert f"color:{LEGEND_TEXT}" in root.get("style", "")
+    items = legend_items(fig)
+    assert [label for label, _ in items] == [
+        "allocated",
+        "reserved",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    styles = dict(items)
+    assert f"solid {SERIES_COLORS['allocated']}" in styles["allocated"]
+    assert f"dashed {SERIES_COLORS['reserved']}" in styles["reserved"]
+    for phase in ("forward", "backward", "optimizer"):
+        assert f"background:{PHASE_COLORS[phase]}" in styles[phase]
+    assert not [style for style in styles.values() if "opacity" in style]
+
+
+def test_legend_lists_what_is_drawn() -> None:
+    assert [label for label, _ in legend_items(timeline_figure(CPU))] == ["allocated", "forward"]
+    empty = timeline_figure(Timeline((), (), (), (), 0.0, 0))
+    assert legend_items(empty) == []
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def test_cpu_fixture_timeline_draws_one_series() -> None:
+    """The recorded CPU report (shared with the labextension's tests): reserved is allocated."""
+    report = json.loads((FIXTURES / "report_cpu_training_step.json").read_text())
+    raw = report["devices"][0]["timeline"]
+    tl = Timeline(
+        tuple(raw["t_s"]),
+        tuple(raw["allocated_bytes"]),
+        tuple(raw["reserved_bytes"]),
+        tuple(PhaseBand(b["start_s"], b["end_s"], b["phase"], b["step"]) for b in raw["bands"]),
+        raw["peak_t_s"],
+        raw["peak_bytes"],
+    )
+    assert tl.reserved_bytes == tl.allocated_bytes
+    fig = timeline_figure(tl)
+    assert "reserved" not in marks_by_label(fig)
+    assert [label for label, _ in legend_items(fig)] == [
+        "allocated",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    (label,) = [m for m in fig.marks if isinstance(m, Label)]
+    assert label.align == "end"  # the peak comes at 95% of the cell: the label ends at it

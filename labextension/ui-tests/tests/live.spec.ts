@@ -113,6 +113,14 @@ test.describe('the report list follows a running notebook', () => {
     await expect(page.locator('.jp-GpuMem-hostDetail')).toContainText(/^pid \d+/, {
       timeout: 10000
     });
+    // The kernel's bqplot timelines: their legend is HTML under the figure, not over the curves.
+    const legends = page.locator('.jp-Notebook .jp-gpumem-legend');
+    await expect(legends).toHaveCount(2, { timeout: 30000 });
+    await expect(legends.nth(0)).toHaveText('allocated');
+    await expect(page.locator('.jp-Notebook .bqplot .legendtext')).toHaveCount(0);
+    const figure = await page.locator('.jp-Notebook .bqplot').nth(0).boundingBox();
+    const legend = await legends.nth(0).boundingBox();
+    expect(legend!.y).toBeGreaterThanOrEqual(figure!.y + figure!.height - 1);
     await lightAndDark(page, 'live-reports');
   });
 });
