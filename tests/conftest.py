@@ -19,4 +19,5 @@ def shell() -> Iterator[InteractiveShell]:
     ip.run_line_magic("load_ext", "jupyter_gpumem")
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_gpumem")
+    ip.reset(new_session=False)  # the singleton shell would keep this test's models alive
     history.clear()
