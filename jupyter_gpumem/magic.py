@@ -9,123 +9,32 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import keyword
-import os
-import shlex
+import math
 import sys
 import warnings
-from dataclasses import dataclass, replace
-from types import CodeType
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from jupyter_gpumem import cell_run
 from jupyter_gpumem import kernel_history as history
 from jupyter_gpumem.analysis.cell import build_report
+from jupyter_gpumem.cell_options import CELL_HELP, CELL_USAGE, Options, parse_options, split_words
 from jupyter_gpumem.report import Report
+from jupyter_gpumem.tracking import devices as cuda_devices
 from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
 from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
 from jupyter_gpumem.tracking.process import process_bytes
-from jupyter_gpumem.units import parse_size
 
-CELL_USAGE = (
-    "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
-    "[--top N] [--no-trace] [--quiet]"
-)
+__all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "unload"]
+
 LINE_COMMANDS = ("status", "history", "monitor", "free")
-
-
-@dataclass(frozen=True)
-class Options:
-    """`%%gpumem` options after validation."""
-
-    output: str | None
-    name: str | None
-    devices: tuple[int, ...] | None
-    all_devices: bool
-    budget_bytes: int | None
-    snapshot: str | None
-    trace: bool
-    quiet: bool
-    top: int
-
-
-class _Parser:
-    """Holds the magic_arguments declaration; its docstring is the magic's help."""
-
-    @magic_arguments()
-    @argument("-o", dest="output", metavar="VAR", help="store the report in this variable")
-    @argument("--name", metavar="LABEL", help="label the report")
-    @argument(
-        "--device", metavar="N|all", help="report device N, or all devices (default: those used)"
-    )
-    @argument("--budget", metavar="SIZE", help="warn when the peak exceeds SIZE, e.g. 16GiB")
-    @argument("--snapshot", metavar="PATH", help="write a memory_viz snapshot pickle to PATH")
-    @argument(
-        "--no-trace", action="store_true", help="exact peaks from the counters only (cheapest)"
-    )
-    @argument("--quiet", action="store_true", help="show nothing; the report is still stored")
-    @argument("--top", metavar="N", help="list the N largest tensors (default 10)")
-    def gpumem(self, line: str) -> None:
-        """Track GPU memory of a cell: exact peak allocated/reserved per device."""
-
-
-def parse_options(line: str) -> Options:
-    """Validate `%%gpumem` options; UsageError names what is allowed."""
-    try:
-        args = parse_argstring(_Parser.gpumem, line)
-    except UsageError as exc:
-        raise UsageError(f"{exc}\nusage: {CELL_USAGE}") from None
-    if args.output is not None and (
-        not args.output.isidentifier() or keyword.iskeyword(args.output)
-    ):
-        raise UsageError(f"-o needs a Python variable name, got {args.output!r}")
-    devices: tuple[int, ...] | None = None
-    all_devices = False
-    if args.device is not None:
-        if args.device == "all":
-            all_devices = True
-        elif args.device.isdigit():
-            devices = (int(args.device),)
-        else:
-            raise UsageError(
-                f"--device takes a device index (0, 1, ...) or 'all', got {args.device!r}"
-            )
-    budget = None
-    if args.budget is not None:
-        try:
-            budget = parse_size(args.budget)
-        except ValueError as exc:
-            raise UsageError(f"--budget: {exc}") from None
-    if args.snapshot is not None and args.no_trace:
-        raise UsageError(
-            "--snapshot needs the allocator trace; it cannot be combined with --no-trace"
-        )
-    if args.snapshot is not None:
-        parent = os.path.dirname(os.path.abspath(args.snapshot))
-        if not os.path.isdir(parent):
-            raise UsageError(f"--snapshot: the folder {parent!r} does not exist")
-    top = 10
-    if args.top is not None:
-        if not args.top.isdigit() or int(args.top) < 1:
-            raise UsageError(f"--top takes a positive whole number of tensors, got {args.top!r}")
-        top = int(args.top)
-    return Options(
-        top=top,
-        output=args.output,
-        name=args.name,
-        devices=devices,
-        all_devices=all_devices,
-        budget_bytes=budget,
-        snapshot=args.snapshot,
-        trace=not args.no_trace,
-        quiet=args.quiet,
-    )
+LINE_USAGE = "%gpumem [status | history | free | monitor [--interval SECONDS] [--device N ...]]"
 
 
 @magics_class
@@ -136,15 +45,50 @@ class GpuMemMagics(Magics):
     def gpumem(self, line: str, cell: str | None = None) -> Any:
         if cell is None:
             return self._line(line)
-        opts = parse_options(line)
-        self._check_devices(opts)
+        __tracebackhide__ = True  # IPython leaves our frames out of the body's tracebacks
         shell = self.shell
         assert shell is not None
-        filename, body, tail = self._compile(cell)
-        _import_torch_first(shell, cell)
-        # Frames count lines of the compiled body; the editor shows the magic line and any
+        opts = parse_options(line, reserved=shell.user_ns_hidden)
+        self._check_devices(opts)
+        running = cell_run.running_cell(shell, cell)
+        awaited = running is not None and running.awaited
+        count = cell_run.cell_count(shell)
+        prepared = cell_run.Outcome()
+        body = cell_run.prepare(shell, cell, count, running, prepared)
+        if body is not None and body.needs_async and not awaited and cell_run.loop_running():
+            raise UsageError(
+                "a body with top-level await runs only as a %%gpumem cell of its own, "
+                "not through run_cell_magic while an event loop runs"
+            )
+        if body is None:
+            coro = self._failed(running, prepared)
+        else:
+            _import_torch_first(body.tree)
+            coro = self._tracked(opts, body, running, count)
+        if awaited:
+            return coro  # the cell reads `await get_ipython().run_cell_magic(...)`
+        return cell_run.run_now(shell, coro, body is not None and body.needs_async)
+
+    gpumem.__doc__ = f"{CELL_HELP}\nAs a line magic: {LINE_USAGE}\n"
+
+    async def _failed(
+        self, running: cell_run.RunningCell | None, outcome: cell_run.Outcome
+    ) -> None:
+        """The body could not be compiled: IPython has shown why, as for the plain cell."""
+        __tracebackhide__ = True
+        assert self.shell is not None
+        cell_run.fail(self.shell, running, outcome)
+
+    async def _tracked(
+        self, opts: Options, body: cell_run.Body, running: cell_run.RunningCell | None, count: int
+    ) -> None:
+        """Track exactly the body's statements; report, then fail the cell as the body did."""
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        # Frames count lines of the transformed body; the editor shows the magic line and any
         # leading blank lines that IPython strips before compiling.
-        lines = cell.split("\n")
+        lines = body.raw.split("\n")
         offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
         tracker = CellTracker(
             CellOptions(
@@ -155,38 +99,28 @@ class GpuMemMagics(Magics):
             ),
             shell.user_ns,
         )
+        outcome = cell_run.Outcome()
+        escaped: BaseException | None = None
         tracker.start()
-        error: BaseException | None = None
         try:
-            exec(body, shell.user_ns)
-            return eval(tail, shell.user_ns) if tail is not None else None
-        except BaseException as exc:
-            error = exc
+            await cell_run.run(shell, body, outcome, silent=running is not None and running.silent)
+        except BaseException as exc:  # an interrupt that arrived outside the body's own code
+            escaped = exc
             raise
         finally:
-            key = opts.name or hashlib.sha1(cell.encode()).hexdigest()[:16]
-            self._finish(tracker, opts, error, filename, offset, key)
-
-    def _compile(self, cell: str) -> tuple[str, CodeType, CodeType | None]:
-        """Compile the cell as IPython would; a final expression is compiled apart, to return its value."""
-        shell = self.shell
-        assert shell is not None
-        source = shell.transform_cell(cell)
-        filename = shell.compile.cache(cell, shell.execution_count, raw_code=cell)
-        tree = ast.parse(source, filename=filename)
-        tail = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            tail = compile(ast.Expression(tree.body.pop().value), filename, "eval")
-        return filename, compile(tree, filename, "exec"), tail
+            key = opts.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
+            error = outcome.error if outcome.error is not None else escaped
+            self._finish(tracker, opts, error, (body.filename, offset), key, count)
+        cell_run.fail(shell, running, outcome)
 
     def _finish(
         self,
         tracker: CellTracker,
         opts: Options,
         error: BaseException | None,
-        filename: str,
-        line_offset: int,
+        cell: tuple[str, int],
         cell_key: str,
+        count: int,
     ) -> None:
         try:
             recording = tracker.stop(error)
@@ -194,17 +128,20 @@ class GpuMemMagics(Magics):
             report = build_report(
                 recording,
                 name=opts.name,
-                execution_count=self.shell.execution_count if self.shell else None,
+                execution_count=count,
                 budget_bytes=opts.budget_bytes,
                 all_devices=opts.all_devices,
                 process_bytes=nvml,
-                cell=(filename, line_offset),
+                cell=cell,
                 top=opts.top,
             )
             report = self._with_leaks(report, opts, cell_key)
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
             return
+        missing = _missing_device(opts)
+        if missing is not None:
+            warnings.warn(f"{missing}; nothing was reported for it", stacklevel=2)
         dropped = history.record(report)
         if dropped is not None:
             warnings.warn(dropped, stacklevel=2)
@@ -240,31 +177,31 @@ class GpuMemMagics(Magics):
         return replace(report, leak_hints=tuple(hints), cell_key=cell_key)
 
     def _check_devices(self, opts: Options) -> None:
-        torch = sys.modules.get("torch")
-        if opts.devices is None or torch is None or not torch.cuda.is_available():
-            return
-        count = torch.cuda.device_count()
-        if opts.devices[0] >= count:
-            allowed = ", ".join(str(i) for i in range(count))
-            raise UsageError(
-                f"--device {opts.devices[0]}: this process sees devices {allowed} (or 'all')"
-            )
+        missing = _missing_device(opts)
+        if missing is not None:
+            raise UsageError(missing)
 
     def _line(self, line: str) -> Any:
-        words = shlex.split(line)
-        command = words[0] if words else "status"
+        words = split_words(line, LINE_USAGE)
+        command, args = (words[0], words[1:]) if words else ("status", [])
+        if command == "monitor":
+            return _monitor(args)
+        if command not in LINE_COMMANDS:
+            raise UsageError(
+                f"%gpumem takes one of: {', '.join(LINE_COMMANDS)}; got {command!r}\nusage: {LINE_USAGE}"
+            )
+        if args:
+            raise UsageError(
+                f"%gpumem {command} takes nothing after it, got {' '.join(args)!r}\nusage: {LINE_USAGE}"
+            )
         if command == "status":
             return _status()
         if command == "history":
             return history.summary()
-        if command == "monitor":
-            return _monitor(words[1:])
-        if command == "free":
-            from jupyter_gpumem.leaks import release
+        from jupyter_gpumem.leaks import release
 
-            print(release(self.shell))
-            return None
-        raise UsageError(f"%gpumem takes one of: {', '.join(LINE_COMMANDS)}; got {command!r}")
+        print(release(self.shell))
+        return None
 
 
 def _monitor(words: list[str]) -> Any:
@@ -272,13 +209,16 @@ def _monitor(words: list[str]) -> Any:
     from jupyter_gpumem.widgets.monitor import show
 
     usage = "usage: %gpumem monitor [--interval SECONDS (>= 0.25)] [--device N ...]"
-    interval_s, devices = 1.0, []
+    interval_s: float | None = None
+    devices: list[int] = []
     it = iter(words)
     for word in it:
         value = next(it, None)
         try:
-            if word == "--interval" and value is not None:
+            if word == "--interval" and value is not None and interval_s is None:
                 interval_s = float(value)
+                if not math.isfinite(interval_s):
+                    raise ValueError(value)
             elif word == "--device" and value is not None:
                 devices.append(int(value))
             else:
@@ -288,21 +228,47 @@ def _monitor(words: list[str]) -> Any:
                 f"%gpumem monitor: bad argument {word!r} {value or ''}\n{usage}"
             ) from None
     try:
-        return show(interval_s, devices or None)
+        return show(1.0 if interval_s is None else interval_s, devices or None)
     except ValueError as exc:
         raise UsageError(f"%gpumem monitor: {exc}\n{usage}") from None
 
 
-def _import_torch_first(shell: InteractiveShell, cell: str) -> None:
+def _visible_devices(torch: Any) -> int | None:
+    """CUDA devices this process sees, or None where only initialising CUDA would tell."""
+    if not cuda_devices._cuda_build(torch):
+        return 0
+    if torch.cuda.is_initialized():
+        return int(torch.cuda.device_count())
+    return None
+
+
+def _missing_device(opts: Options) -> str | None:
+    """What is wrong with ``--device N`` if this process can tell, without starting CUDA."""
+    torch = sys.modules.get("torch")
+    if opts.devices is None or torch is None:
+        return None
+    count = _visible_devices(torch)
+    index = opts.devices[0]
+    if count is None or index < count:
+        return None
+    if count == 0:
+        return (
+            f"--device {index}: this process sees no CUDA device; leave --device out to "
+            "measure CPU tensor memory"
+        )
+    allowed = ", ".join(str(i) for i in range(count))
+    return f"--device {index}: this process sees devices {allowed} (or 'all')"
+
+
+def _import_torch_first(tree: ast.Module) -> None:
     """Import torch before the tracker starts when the cell imports it itself.
 
     The tracker picks its event sources from the modules loaded when it starts, so a cell
     that imports torch would otherwise measure nothing on its first run. Importing torch
     does not initialise CUDA. If the import fails, the cell's own import raises it.
     """
-    if "torch" in sys.modules or "torch" not in cell:
+    if "torch" in sys.modules:
         return
-    tree = ast.parse(shell.transform_cell(cell))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -341,6 +307,7 @@ def _status() -> None:
 
 
 _MAGICS: dict[int, GpuMemMagics] = {}
+_TRANSFORMS: dict[int, Any] = {}  # the input transformer that awaits async bodies, per shell
 
 
 def load(shell: InteractiveShell) -> None:
@@ -350,6 +317,8 @@ def load(shell: InteractiveShell) -> None:
     magics = GpuMemMagics(shell)
     shell.register_magics(magics)
     _MAGICS[id(shell)] = magics
+    _TRANSFORMS[id(shell)] = cell_run.await_transform(shell, "gpumem")
+    shell.input_transformers_post.append(_TRANSFORMS[id(shell)])
     GUARD.install()
     COUNTERS.install()
     shell.events.register("post_run_cell", _install_guard)
@@ -364,6 +333,10 @@ def unload(shell: InteractiveShell) -> None:
     for kind in ("line", "cell"):
         manager.magics[kind].pop("gpumem", None)
     manager.registry.pop("GpuMemMagics", None)
+    transform = _TRANSFORMS.pop(id(shell), None)
+    if transform in shell.input_transformers_post:
+        shell.input_transformers_post.remove(transform)
+    cell_run.forget(shell)
     shell.events.unregister("post_run_cell", _install_guard)
     GUARD.uninstall()
     COUNTERS.uninstall()

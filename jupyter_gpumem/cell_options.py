@@ -1,0 +1,238 @@
+"""`%%gpumem` options: split as a shell would, every value checked before the cell runs.
+
+Options are spelled out in full (no abbreviations) and given at most once. Each error is a
+``UsageError`` that says what is allowed. Nothing here imports torch: whether a device
+index exists is the magic's question, asked where it cannot initialise CUDA.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import os
+import re
+import shlex
+import stat
+import unicodedata
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from IPython.core.error import UsageError
+
+from jupyter_gpumem.units import SIZE_HELP, parse_size
+
+CELL_USAGE = (
+    "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
+    "[--top N] [--no-trace] [--quiet]"
+)
+CELL_HELP = f"""Track the memory of a cell: exact peak allocated/reserved per device.
+
+usage: {CELL_USAGE}
+
+  -o VAR           store the report in the variable VAR
+  --name LABEL     label the report
+  --device N|all   report device N, or every device (default: the devices the cell used)
+  --budget SIZE    warn when the peak exceeds SIZE (512MiB, 16GiB, 2.5GB, bytes; at least 1 B)
+  --snapshot PATH  write the allocator snapshot pickle to the file PATH
+  --top N          list the N largest tensors the cell left alive (default 10)
+  --no-trace       exact peaks from the counters only (the cheapest mode)
+  --quiet          show nothing; the report is still stored
+
+Values are quoted as in a shell (--name "two words"); --opt=VALUE also works.
+"""
+
+_VALUED = ("-o", "--name", "--device", "--budget", "--snapshot", "--top")
+_FLAGS = ("--no-trace", "--quiet")
+# Names IPython keeps in the user namespace; binding a report to one breaks the next cell.
+_IPYTHON_NAMES = frozenset(
+    {"In", "Out", "get_ipython", "exit", "quit", "_oh", "_dh", "_ih", "_exit_code", "_sh"}
+)
+_IPYTHON_PATTERN = re.compile(r"_+|_i{1,3}|_i?\d+")
+VARIABLE_HELP = (
+    "a Python variable name that is not a keyword, a builtin or one of IPython's own names "
+    "(In, Out, get_ipython, _, __, _i, _ii, _oh, _dh, _ih, _12, _i12, ...)"
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    """`%%gpumem` options after validation."""
+
+    output: str | None = None
+    name: str | None = None
+    devices: tuple[int, ...] | None = None
+    all_devices: bool = False
+    budget_bytes: int | None = None
+    snapshot: str | None = None
+    trace: bool = True
+    quiet: bool = False
+    top: int = 10
+
+
+def split_words(line: str, usage: str) -> list[str]:
+    """Words of a magic line as a POSIX shell splits them (quotes removed, no comments)."""
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    if os.name == "nt":
+        lexer.escape = ""  # backslashes separate Windows paths
+    try:
+        return list(lexer)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(f"{exc} in {line.strip()!r}: close each quote\nusage: {usage}") from None
+
+
+def parse_options(line: str, *, reserved: Collection[str] = ()) -> Options:
+    """Validate `%%gpumem` options; ``reserved`` are more names ``-o`` may not take."""
+    given = _given(split_words(line, CELL_USAGE))
+    output = given.get("-o")
+    if output is not None:
+        check_variable(output, reserved)
+    name = given.get("--name")
+    if name is not None and not name.strip():
+        raise UsageError("--name needs a label that is not empty, e.g. --name train")
+    devices, all_devices = _device(given.get("--device"))
+    budget = _budget(given.get("--budget"))
+    snapshot = given.get("--snapshot")
+    trace = "--no-trace" not in given
+    if snapshot is not None:
+        if not trace:
+            raise UsageError(
+                "--snapshot needs the allocator trace; it cannot be combined with --no-trace"
+            )
+        snapshot = _snapshot_path(snapshot)
+    top = given.get("--top")
+    return Options(
+        output=output,
+        name=name,
+        devices=devices,
+        all_devices=all_devices,
+        budget_bytes=budget,
+        snapshot=snapshot,
+        trace=trace,
+        quiet="--quiet" in given,
+        top=10 if top is None else _top(top),
+    )
+
+
+def check_variable(name: str, reserved: Collection[str] = ()) -> None:
+    """UsageError unless ``name`` can hold the report without shadowing anything of Python's."""
+    bad = (
+        not name.isidentifier()
+        or keyword.iskeyword(name)
+        or unicodedata.normalize("NFKC", name) != name  # code would spell it differently
+        or hasattr(builtins, name)
+        or name.startswith("__")
+        or name in _IPYTHON_NAMES
+        or name in reserved
+        or _IPYTHON_PATTERN.fullmatch(name) is not None
+    )
+    if bad:
+        raise UsageError(f"-o needs {VARIABLE_HELP}; got {name!r}")
+
+
+def _given(words: list[str]) -> dict[str, str]:
+    """Option -> value ('' for flags); unknown, abbreviated, repeated or valueless options raise."""
+    given: dict[str, str] = {}
+    it = iter(words)
+    for word in it:
+        option, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        if option in _FLAGS:
+            if eq:
+                raise UsageError(f"{option} takes no value, got {word!r}\nusage: {CELL_USAGE}")
+        elif option in _VALUED:
+            if not eq:
+                following = next(it, None)
+                if following is None or following.startswith("--") or following == "-o":
+                    raise UsageError(
+                        f"{option} needs a value, e.g. {_EXAMPLES[option]} "
+                        f"({option}=VALUE for one that starts with --)\nusage: {CELL_USAGE}"
+                    )
+                value = following
+        else:
+            raise UsageError(_unknown(word))
+        if option in given:
+            raise UsageError(f"{option} is given twice; give each option once\nusage: {CELL_USAGE}")
+        given[option] = value
+    return given
+
+
+_EXAMPLES = {
+    "-o": "-o report",
+    "--name": '--name "first epoch"',
+    "--device": "--device 0 or --device all",
+    "--budget": "--budget 16GiB",
+    "--snapshot": "--snapshot cell.pickle",
+    "--top": "--top 20",
+}
+
+
+def _unknown(word: str) -> str:
+    if not word.startswith("-"):
+        return f"unexpected {word!r}: %%gpumem takes only options\nusage: {CELL_USAGE}"
+    option = word.partition("=")[0]
+    near = [o for o in _VALUED + _FLAGS if o.startswith(option) and len(option) > 2]
+    hint = f" (options are spelled out in full: {' or '.join(near)})" if near else ""
+    return f"unknown option {option!r}{hint}\nusage: {CELL_USAGE}"
+
+
+def _device(value: str | None) -> tuple[tuple[int, ...] | None, bool]:
+    if value is None:
+        return None, False
+    if value == "all":
+        return None, True
+    try:
+        index = int(value)
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise UsageError(f"--device takes a device index (0, 1, ...) or 'all', got {value!r}")
+    return (index,), False
+
+
+def _budget(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        budget = parse_size(value)
+    except (ValueError, OverflowError) as exc:
+        reason = exc if isinstance(exc, ValueError) else f"{value!r} is too large"
+        raise UsageError(f"--budget: {reason}; give {SIZE_HELP}") from None
+    if budget < 1:
+        raise UsageError(f"--budget needs at least one byte, got {value!r}; give {SIZE_HELP}")
+    return budget
+
+
+def _top(value: str) -> int:
+    try:
+        top = int(value)
+    except ValueError:
+        top = 0
+    if top < 1:
+        raise UsageError(f"--top takes a positive whole number of tensors, got {value!r}")
+    return top
+
+
+def _snapshot_path(value: str) -> str:
+    """The absolute path of a file that can be written, or UsageError saying why not."""
+    allowed = "--snapshot takes the path of a file to write, e.g. --snapshot cell.pickle"
+    if not value.strip() or value.endswith(("/", os.sep)):
+        raise UsageError(f"{allowed}; got {value!r}")
+    try:
+        path = os.path.abspath(os.path.expanduser(value))
+        parent = os.path.dirname(path)
+        mode = os.stat(path).st_mode if os.path.lexists(path) else None
+        parent_ok = os.path.isdir(parent)
+        writable = parent_ok and os.access(parent, os.W_OK | os.X_OK)
+        file_writable = mode is None or os.access(path, os.W_OK)
+    except (ValueError, OSError) as exc:  # an embedded NUL byte, a dangling link
+        raise UsageError(f"{allowed}; {value!r} cannot be used: {exc}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"{allowed}; {value!r} is a folder")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"{allowed}; {value!r} exists and is not a regular file")
+    if not parent_ok:
+        raise UsageError(f"{allowed}; the folder {parent!r} does not exist")
+    if not writable or not file_writable:
+        raise UsageError(f"{allowed}; {path!r} is not writable here")
+    return path
