@@ -87,14 +87,14 @@ def _pid_visible(pid: int) -> bool:
 def test_kernel_allocating_cuda_memory_is_its_process(
     torch_device: Any, jp_fetch: Any, jp_serverapp: Any, run: Any
 ) -> None:
-    from jupyter_client.asynchronous import AsyncKernelClient
-
     body = json.loads(
         run(jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))).body
     )
     kernel_id = body["id"]
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-    client = AsyncKernelClient(**kernel.get_connection_info(session=True))
+    # The manager's own client: readiness is judged by the kernel process, not by heartbeats that
+    # a freshly started kernel may answer late.
+    client = kernel.client()
     client.start_channels()
     outputs: list[str] = []
     try:
