@@ -51,6 +51,10 @@ MESSAGE_COLORS = {
     "error": "var(--jp-error-color1,#c62828)",
     "warning": "var(--jp-warn-color0,#e65100)",
 }
+
+# bqplot's dark theme draws titles in an accent colour; ours follow the theme's text colour.
+TITLE_STYLE = {"fill": "var(--jp-ui-font-color1)"}
+
 COLUMNS = (
     "configuration",
     "peak",
@@ -245,6 +249,7 @@ class BreakdownChart:
             marks=[self.bars],
             axes=[Axis(scale=self.x, side="left", orientation="vertical"), self.y_axis],
             title="breakdown at the peak",
+            title_style=TITLE_STYLE,
             animation_duration=0,
             fig_margin=self._margin([]),
             layout=widgets.Layout(height="340px", width="100%"),
@@ -266,6 +271,7 @@ class BreakdownChart:
             ]
             self.bars.labels = [_category_label(c) for c in categories]
             self.bars.colors = [CATEGORY_COLORS.get(c, UNKNOWN_COLOR) for c in categories]
+        self.y.max = top / scale * 1.05 if top else None  # the longest bar ends inside the plot
         self.y_axis.label = f"memory ({unit})"
         self.figure.fig_margin = self._margin(self.bars.x)
         self.legend.value = legend_html(categories)
@@ -314,6 +320,7 @@ class TradeoffChart:
                 self.y_axis,
             ],
             title="memory saved vs step-time cost",
+            title_style=TITLE_STYLE,
             animation_duration=0,
             fig_margin={"top": 30, "bottom": 40, "left": 56, "right": 24},
             layout=widgets.Layout(height="340px", width="50%", min_width="320px"),

@@ -90,3 +90,13 @@ def test_breakdown_legend_is_html_outside_the_plot_in_the_page_colour() -> None:
     # level names on the left, wide enough for the longest one; the first row on top
     assert chart.bars.orientation == "horizontal" and chart.x.reverse
     assert chart.figure.fig_margin["left"] >= 7 * len("ckpt blocks · bf16 · sgd")
+
+
+def test_breakdown_longest_bar_ends_inside_the_plot_and_titles_follow_the_theme() -> None:
+    chart = BreakdownChart()
+    chart.update(ROWS)
+    longest = max(sum(column) for column in zip(*chart.bars.y, strict=True))
+    assert chart.y.max is not None and longest < chart.y.max <= longest * 1.1
+    assert chart.figure.title_style["fill"] == "var(--jp-ui-font-color1)"
+    chart.update([])
+    assert chart.y.max is None
