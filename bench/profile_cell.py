@@ -1,7 +1,7 @@
 """Where the time of one `%%gpumem` cell goes: cProfile around ``run_cell``, after a warm-up.
 
-    python bench/profile_cell.py gpt2_3_steps            # any cell name of bench/scale.py
-    python bench/profile_cell.py mlp_200_steps --quick
+python bench/profile_cell.py gpt2_3_steps            # any cell name of bench/scale.py
+python bench/profile_cell.py mlp_200_steps --quick
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import torch
 import torch.nn as nn
 
-from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
+from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
 
 
 def main(path: str) -> None:
@@ -28,7 +28,7 @@ def main(path: str) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    tracker = CellTracker(CellOptions())
+    tracker = Recorder(RecordOptions())
     tracker.start()
     for _ in range(2):
         x = torch.randn(64, 256, device=dev)

@@ -192,7 +192,7 @@ class Bench:
     def __init__(self, device: torch.device) -> None:
         from IPython.core.interactiveshell import InteractiveShell
 
-        import jupyter_gpumem.analysis.cell as analysis
+        import jupyter_gpumem.analysis.build as analysis
 
         self.device = device
         self.shell = InteractiveShell.instance()

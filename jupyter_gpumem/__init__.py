@@ -43,14 +43,14 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
 
 def history() -> pd.DataFrame:
     """Every `%%gpumem` report of this kernel, one row per cell and device."""
-    from jupyter_gpumem.kernel_history import to_dataframe
+    from jupyter_gpumem.report_log import to_dataframe
 
     return to_dataframe()
 
 
 def set_history_limit(limit: int) -> None:
     """Keep at most ``limit`` `%%gpumem` reports in this kernel (200 by default); oldest go first."""
-    from jupyter_gpumem.kernel_history import set_limit
+    from jupyter_gpumem.report_log import set_limit
 
     set_limit(limit)
 
@@ -82,7 +82,7 @@ def tune(
 def __getattr__(name: str) -> Any:
     """``jupyter_gpumem.Trial`` without importing torch at package import."""
     if name == "Trial":
-        from jupyter_gpumem.trial import Trial
+        from jupyter_gpumem.tuner.trial import Trial
 
         return Trial
     raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")

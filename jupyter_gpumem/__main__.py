@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jupyter_gpumem.report import MIME_TYPE
+from jupyter_gpumem.report.record import MIME_TYPE
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
 

@@ -21,15 +21,15 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from jupyter_gpumem import cell_run
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.analysis.cell import build_report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.analysis.build import build_report
 from jupyter_gpumem.cell_options import CELL_HELP, CELL_USAGE, Options, parse_options, split_words
-from jupyter_gpumem.report import Report
+from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.tracking import devices as cuda_devices
-from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
 from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
 from jupyter_gpumem.tracking.process import process_bytes
+from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
 
 __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "unload"]
 
@@ -90,8 +90,8 @@ class GpuMemMagics(Magics):
         # leading blank lines that IPython strips before compiling.
         lines = body.raw.split("\n")
         offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
-        tracker = CellTracker(
-            CellOptions(
+        tracker = Recorder(
+            RecordOptions(
                 trace=opts.trace,
                 devices=opts.devices,
                 all_devices=opts.all_devices,
@@ -115,7 +115,7 @@ class GpuMemMagics(Magics):
 
     def _finish(
         self,
-        tracker: CellTracker,
+        tracker: Recorder,
         opts: Options,
         error: BaseException | None,
         cell: tuple[str, int],
@@ -161,8 +161,8 @@ class GpuMemMagics(Magics):
 
     def _with_leaks(self, report: Report, opts: Options, cell_key: str) -> Report:
         """Leak hints from IPython's state, and growth across earlier runs of the same cell."""
-        from jupyter_gpumem.analysis.leaks import growth_hint
-        from jupyter_gpumem.leaks import find_leaks
+        from jupyter_gpumem.analysis.leak_hints import growth_hint
+        from jupyter_gpumem.ipython_state import find_leaks
 
         main = report.main
         device = None if main is None or main.device == "cpu" else main.index
@@ -198,7 +198,7 @@ class GpuMemMagics(Magics):
             return _status()
         if command == "history":
             return history.summary()
-        from jupyter_gpumem.leaks import release
+        from jupyter_gpumem.ipython_state import release
 
         print(release(self.shell))
         return None

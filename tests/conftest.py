@@ -11,7 +11,7 @@ from IPython.core.interactiveshell import InteractiveShell
 @pytest.fixture
 def shell() -> Iterator[InteractiveShell]:
     """A real IPython shell with `%load_ext jupyter_gpumem`, unloaded afterwards."""
-    from jupyter_gpumem import kernel_history as history
+    from jupyter_gpumem import report_log as history
 
     ip = InteractiveShell.instance()
     ip.reset(new_session=False)  # each test starts from an empty user namespace

@@ -13,11 +13,9 @@ from jupyter_gpumem.analysis.breakdown import (
     tensor_records,
 )
 from jupyter_gpumem.analysis.peaks import DevicePeaks
-from jupyter_gpumem.analysis.replay import Live, Replay, TraceEvent
+from jupyter_gpumem.analysis.replay import Live, Replay
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
-from jupyter_gpumem.tracking.cuda import StepSample
-from jupyter_gpumem.tracking.namespace import NamedStorage
-from jupyter_gpumem.tracking.tags import PhaseMark, Tag
+from jupyter_gpumem.records import NamedStorage, PhaseMark, StepSample, Tag, TraceEvent
 
 ADVICE = {
     "activations": "activation checkpointing of the model's blocks (or a smaller batch, or bf16 autocast)",

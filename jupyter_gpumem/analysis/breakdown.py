@@ -10,9 +10,8 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jupyter_gpumem.analysis.replay import BlockState, Live, TraceEvent, round_size
-from jupyter_gpumem.tracking.namespace import NamedStorage
-from jupyter_gpumem.tracking.tags import PhaseMark, Tag
+from jupyter_gpumem.analysis.replay import Live, round_size
+from jupyter_gpumem.records import BlockState, NamedStorage, PhaseMark, Tag, TraceEvent
 
 CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "activations", "inputs", "other", "temporary", "unattributed",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jupyter_gpumem.analysis.replay import Replay, replay
-from jupyter_gpumem.tracking.cuda import DeviceRecording, StepSample, TraceWindow
+from jupyter_gpumem.records import DeviceRecording, StepSample, TraceWindow
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def device_peaks(rec: DeviceRecording) -> DevicePeaks:
             if w.problem is not None:
                 problems.append(w.problem)
                 continue
-            result = _replay(w)
+            result = replay_window(w)
             problem = _replay_problem(w, result)
             if problem is None:
                 usable.append(WindowReplay(w, result))
@@ -87,8 +87,9 @@ def device_peaks(rec: DeviceRecording) -> DevicePeaks:
     )
 
 
-def _replay(w: TraceWindow) -> Replay:
-    if w.replayed is not None:
+def replay_window(w: TraceWindow) -> Replay:
+    """The window's replay: the one made when it closed mid-cell, else made now."""
+    if isinstance(w.replayed, Replay):
         return w.replayed
     return replay(
         w.segments_before,

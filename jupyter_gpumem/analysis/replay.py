@@ -17,48 +17,14 @@ Known limitations:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+
+from jupyter_gpumem.records import ALLOCATED, FREE, PENDING, BlockState, SegmentState, TraceEvent
 
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
 SMALL_SEGMENT = 2 << 20  # the small pool's segments are exactly 2 MiB
 MIN_BLOCK = 512
-
-ALLOCATED, PENDING, FREE = "allocated", "pending", "free"
-
-
-@dataclass(frozen=True)
-class BlockState:
-    """One block of a segment at the start of the interval."""
-
-    address: int
-    size: int
-    state: str  # ALLOCATED, PENDING (freed, awaiting stream events) or FREE
-
-
-@dataclass(frozen=True)
-class SegmentState:
-    """One cudaMalloc'd segment at the start of the interval."""
-
-    address: int
-    total_size: int
-    is_small: bool
-    blocks: tuple[BlockState, ...]
-
-
-class TraceEvent(NamedTuple):
-    """One allocator action, as recorded by ``_record_memory_history``.
-
-    A named tuple rather than a dataclass: a long cell's windows hold tens of thousands,
-    made in one pass after the cell, where construction cost is what the user waits for.
-    """
-
-    action: str  # alloc, free_requested, free_completed, segment_alloc, segment_free, ...
-    address: int
-    size: int  # requested bytes for alloc/free, segment bytes for segment actions
-    time_us: int = 0
-    frames: Sequence[Mapping[str, Any]] = ()  # {filename, line, name}, innermost first
 
 
 @dataclass(frozen=True)

@@ -24,77 +24,21 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
-from jupyter_gpumem.analysis.replay import BlockState, Replay, SegmentState, TraceEvent, replay
+from jupyter_gpumem.records import (
+    BlockState,
+    DeviceRecording,
+    SegmentState,
+    StepSample,
+    TraceEvent,
+    TraceWindow,
+)
 from jupyter_gpumem.tracking.counters import COUNTERS, Interval
 
 MAX_ENTRIES = 2_000_000
 _STATES = {"active_allocated": "allocated", "active_awaiting_free": "pending", "inactive": "free"}
-
-
-@dataclass(frozen=True)
-class TraceWindow:
-    """A stretch of the cell recorded event by event: starting layout, events, counters."""
-
-    segments_before: tuple[SegmentState, ...]
-    events: tuple[TraceEvent, ...]
-    allocated_start: int
-    reserved_start: int
-    allocated_end: int  # the counters when the window closed: the replay must end on them
-    reserved_end: int
-    first_step: int  # the first loop step it covers
-    last_step: int | None  # the step it ended before; None if it lasted to the end of the cell
-    problem: str | None = None  # why the window's trace cannot be used; None when it can
-    started_us: int = 0  # unix microseconds, the clock of the trace and of the tags
-    # The replay, made when the window closed mid-cell: a GPU-bound loop is then still
-    # running queued kernels, so the work costs the user nothing there.
-    replayed: Replay | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class StepSample:
-    """The counters read at a step boundary outside the detailed windows."""
-
-    time_us: int
-    step: int
-    allocated: int  # at the boundary
-    reserved: int
-    peak_allocated: int  # highest since the previous sample
-    peak_reserved: int
-
-
-@dataclass(frozen=True)
-class DeviceRecording:
-    """Everything recorded on one device for one cell; input to the analysis."""
-
-    index: int
-    name: str
-    total_bytes: int
-    allocated_before: int
-    reserved_before: int
-    allocated_after: int
-    reserved_after: int
-    max_allocated_after: int  # the allocator's (resettable) peak counters at the end
-    max_reserved_after: int
-    windows: tuple[TraceWindow, ...]  # detailed stretches, in order
-    samples: tuple[StepSample, ...] = ()  # step boundaries between and after the windows
-    cell_peak_allocated: int | None = None  # the cell's own peak counters; None if not kept
-    cell_peak_reserved: int | None = None
-    trace_problem: str | None = None  # why no window was traced; None when one was
-    end_blocks: tuple[BlockState, ...] | None = (
-        None  # allocated blocks at the end, after a light stretch
-    )
-
-    @property
-    def segments_before(self) -> tuple[SegmentState, ...]:
-        return self.windows[0].segments_before if self.windows else ()
-
-    @property
-    def events(self) -> tuple[TraceEvent, ...]:
-        """The first window's events: the whole cell's when it was detailed throughout."""
-        return self.windows[0].events if self.windows else ()
 
 
 class RecordingGuard:
@@ -171,8 +115,10 @@ class CudaSession:
         devices: Sequence[int] | None,
         counters_reason: str = "--no-trace: counters only",
         snapshot_path: str | None = None,
+        digest: Callable[[TraceWindow], Any] | None = None,
     ) -> None:
         self.snapshot_path = snapshot_path
+        self.digest = digest  # made of a window that closes mid-cell, kept as its `replayed`
         self.torch = torch
         self.trace = trace
         self.counters_reason = counters_reason
@@ -314,14 +260,6 @@ class CudaSession:
                 problem = "the cell switched memory history recording off"
             else:
                 events = _events(trace[first:])
-            replayed = None
-            if last_step is not None and problem is None:
-                replayed = replay(
-                    start.segments,
-                    events,
-                    allocated_start=start.allocated,
-                    reserved_start=start.reserved,
-                )
             self._windows.setdefault(d, []).append(
                 TraceWindow(
                     segments_before=start.segments,
@@ -334,9 +272,11 @@ class CudaSession:
                     last_step=last_step,
                     problem=problem,
                     started_us=start.started_us,
-                    replayed=replayed,
                 )
             )
+            if last_step is not None and problem is None and self.digest is not None:
+                window = self._windows[d][-1]
+                self._windows[d][-1] = replace(window, replayed=self.digest(window))
         self._open.clear()
 
     def _window_start_index(

@@ -65,7 +65,7 @@ from collections.abc import Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
-from jupyter_gpumem.analysis.replay import TraceEvent
+from jupyter_gpumem.records import TraceEvent
 
 DEVICES = frozenset({"cpu", "meta"})
 _MAX_WALK = 64  # frames walked to find max_frames user frames

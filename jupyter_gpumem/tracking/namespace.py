@@ -10,25 +10,13 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from jupyter_gpumem.records import NamedStorage
 
 MAX_CONTAINER_ITEMS = 256
 
 _TRACKED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-
-
-@dataclass(frozen=True)
-class NamedStorage:
-    """A tensor storage reachable from the user's namespace."""
-
-    address: int
-    nbytes: int
-    name: str
-    category: str | None  # parameters, gradients, optimizer_state, or None for plain tensors
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
 
 
 def track(obj: Any, name: str | None = None) -> Any:

@@ -26,29 +26,10 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpumem.records import PhaseMark, Tag
 from jupyter_gpumem.tracking.namespace import modules_and_optimizers, named_storages
-
-
-@dataclass(frozen=True)
-class Tag:
-    """``address`` held a storage of ``category`` at ``time_us`` (unix microseconds)."""
-
-    address: int
-    category: str  # parameters, gradients, optimizer_state, activations, inputs
-    time_us: int
-    nbytes: int  # the storage's size, to tell it from a later storage at the same address
-
-
-@dataclass(frozen=True)
-class PhaseMark:
-    """From ``time_us`` on, the cell was in ``phase`` of loop iteration ``step``."""
-
-    time_us: int
-    phase: str  # forward, backward, optimizer, other
-    step: int
 
 
 def _now_us() -> int:

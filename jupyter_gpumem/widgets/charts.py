@@ -1,6 +1,6 @@
 """The cell timeline as a bqplot figure, for kernels where widgets render.
 
-The static SVG in the report (:mod:`jupyter_gpumem.timeline_svg`) draws the same chart with the
+The static SVG in the report (:mod:`jupyter_gpumem.report.svg`) draws the same chart with the
 same colours; this module adds only what bqplot needs. bqplot draws its own legend inside the
 plot area, over the curves, and in the marks' opacity (the phase bands' faded); so the figure's
 legend is HTML under it instead, in the theme's text colour with solid swatches.
@@ -16,7 +16,7 @@ import ipywidgets as widgets
 from bqplot import Axis, Figure, Label, LinearScale, Lines, Scatter
 
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.timeline_svg import (
+from jupyter_gpumem.report.svg import (
     BAND_OPACITY,
     FIGURE_HEADROOM,
     LEADER_TOP,

@@ -28,13 +28,13 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.analysis.fit import FitChoice, fit_to_budget
-from jupyter_gpumem.report import Report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
-from jupyter_gpumem.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
+from jupyter_gpumem.tuner.trial import Trial, TrialResult
 from jupyter_gpumem.units import parse_size
 from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, rows_text
 

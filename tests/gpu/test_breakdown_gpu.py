@@ -82,7 +82,9 @@ def test_oom_cell_leaves_a_report_and_a_usable_kernel(shell: InteractiveShell) -
 
     assert shell.run_cell("import torch\nkeep = torch.empty(256 * 2**20, device='cuda')").success
     free, _ = torch.cuda.mem_get_info()
-    result = shell.run_cell(f"%%gpumem -o r\nhuge = torch.empty({free * 4}, dtype=torch.uint8, device='cuda')")
+    result = shell.run_cell(
+        f"%%gpumem -o r\nhuge = torch.empty({free * 4}, dtype=torch.uint8, device='cuda')"
+    )
     assert type(result.error_in_exec).__name__ == "OutOfMemoryError"
     r = shell.user_ns["r"]
     assert r.status == "oom"

@@ -65,7 +65,9 @@ def gpu_shell(shell: InteractiveShell) -> InteractiveShell:
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
-def test_peaks_equal_the_allocator_counters_to_the_byte(gpu_shell: InteractiveShell, cell: str) -> None:
+def test_peaks_equal_the_allocator_counters_to_the_byte(
+    gpu_shell: InteractiveShell, cell: str
+) -> None:
     import torch
 
     torch.cuda.synchronize()
@@ -95,7 +97,9 @@ def test_user_recording_is_respected_and_left_on(gpu_shell: InteractiveShell) ->
         after = torch.cuda.memory._snapshot()["device_traces"][0]
         assert len(after) > before  # the user's trace kept the cell's events...
         probe = torch.empty(1234, device="cuda")
-        assert len(torch.cuda.memory._snapshot()["device_traces"][0]) > len(after)  # ...and still records
+        assert len(torch.cuda.memory._snapshot()["device_traces"][0]) > len(
+            after
+        )  # ...and still records
         del probe
     finally:
         torch.cuda.memory._record_memory_history(None)
@@ -113,7 +117,9 @@ def test_our_recording_is_switched_off_after_the_cell(gpu_shell: InteractiveShel
 def test_raising_cell_restores_recording_state(gpu_shell: InteractiveShell) -> None:
     import torch
 
-    result = gpu_shell.run_cell("%%gpumem -o r\nt = torch.empty(1000, device=dev)\nraise KeyError('k')")
+    result = gpu_shell.run_cell(
+        "%%gpumem -o r\nt = torch.empty(1000, device=dev)\nraise KeyError('k')"
+    )
     assert isinstance(result.error_in_exec, KeyError)
     assert gpu_shell.user_ns["r"].status == "error"
     assert gpu_shell.user_ns["r"].devices[0].source == "allocator-trace"
@@ -159,4 +165,6 @@ def _dump(report: object, label: str) -> None:
     out = os.environ.get("GPUMEM_OUT")
     if out:
         with open(os.path.join(out, "gpu_reports.jsonl"), "a") as f:
-            f.write(json.dumps({"cell": label, "report": report.to_dict(), "text": str(report)}) + "\n")
+            f.write(
+                json.dumps({"cell": label, "report": report.to_dict(), "text": str(report)}) + "\n"
+            )

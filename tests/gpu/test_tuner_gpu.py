@@ -19,7 +19,10 @@ REFERENCE_PEAK = {
 
 
 def _table(results: list, baseline: object) -> str:
-    lines = ["| configuration | peak | vs baseline | step | vs baseline |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| configuration | peak | vs baseline | step | vs baseline |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         row = r.to_row(baseline)
         lines.append(
@@ -42,7 +45,7 @@ def test_gpt2_trials_match_the_reference_figures() -> None:
 
     transformers = pytest.importorskip("transformers")
     from jupyter_gpumem.techniques import Config
-    from jupyter_gpumem.trial import Trial
+    from jupyter_gpumem.tuner.trial import Trial
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
@@ -62,7 +65,10 @@ def test_gpt2_trials_match_the_reference_figures() -> None:
     _save("tuner_gpt2", table, [r.to_row(results[0]) for r in results])
     for key, r in zip(configs, results, strict=True):
         expected = REFERENCE_PEAK[key]
-        assert abs(r.peak_allocated_bytes - expected) <= 0.05 * expected, (key, r.peak_allocated_bytes / GiB)
+        assert abs(r.peak_allocated_bytes - expected) <= 0.05 * expected, (
+            key,
+            r.peak_allocated_bytes / GiB,
+        )
         assert sum(r.breakdown.values()) == r.peak_allocated_bytes
 
 
@@ -71,7 +77,7 @@ def test_resnet152_checkpointing_layer1_and_layer2_saves_about_a_third() -> None
 
     torchvision = pytest.importorskip("torchvision")
     from jupyter_gpumem.techniques import Config
-    from jupyter_gpumem.trial import Trial
+    from jupyter_gpumem.tuner.trial import Trial
 
     torch.manual_seed(0)
     model = torchvision.models.resnet152().cuda()
@@ -79,12 +85,20 @@ def test_resnet152_checkpointing_layer1_and_layer2_saves_about_a_third() -> None
     images = torch.randn(64, 3, 224, 224, device="cuda")
     labels = torch.randint(0, 1000, (64,), device="cuda")
     trial = Trial(
-        model, (images, labels), lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), optimizer=opt, steps=3
+        model,
+        (images, labels),
+        lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+        optimizer=opt,
+        steps=3,
     )
     results = trial.compare([Config(), Config(checkpoint=("layer1", "layer2"))])
     assert [r.status for r in results] == ["ok", "ok"], [(r.label, r.error) for r in results]
     base, ckpt = results
     assert any("BatchNorm" in w for w in ckpt.warnings)  # running stats update twice in a region
     saved = 1 - ckpt.peak_allocated_bytes / base.peak_allocated_bytes
-    _save("tuner_resnet152", _table(results, base) + f"\nsaved {saved:.1%} of the peak", [r.to_row(base) for r in results])
+    _save(
+        "tuner_resnet152",
+        _table(results, base) + f"\nsaved {saved:.1%} of the peak",
+        [r.to_row(base) for r in results],
+    )
     assert 0.25 <= saved <= 0.42, saved

@@ -20,8 +20,8 @@ from typing import Any
 from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.report import MIME_TYPE
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import MIME_TYPE
 
 _IPYTHON_NAME = re.compile(r"_+|_i{1,3}|_i?\d+|_exit_code|_oh|_dh|_ih|In|Out")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

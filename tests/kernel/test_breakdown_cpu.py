@@ -63,7 +63,9 @@ def test_breakdown_identities_on_cpu(shell: InteractiveShell, setup: str) -> Non
     assert sum(r.breakdown.values()) == r.peak_allocated_bytes
     assert r.breakdown["parameters"] == 4 * n
     assert r.breakdown["gradients"] == 4 * n
-    assert r.breakdown["optimizer_state"] == 8 * n + step_bytes  # exp_avg, exp_avg_sq + step counters
+    assert (
+        r.breakdown["optimizer_state"] == 8 * n + step_bytes
+    )  # exp_avg, exp_avg_sq + step counters
     saved = shell.user_ns["SAVED_BYTES"]
     assert abs(r.breakdown["activations"] - saved) <= 0.05 * saved, (r.breakdown, saved)
     assert r.peak_phase in ("forward", "backward")
@@ -75,14 +77,18 @@ def test_output_variable_is_named_with_its_cell_line(shell: InteractiveShell) ->
     assert shell.run_cell(f"%%gpumem -o r --top 5\n{STEP}").success
     r = shell.user_ns["r"]
     out = next(t for t in r.tensors if t.name == "out")
-    assert out.alive and out.shape == (32, 64) and out.dtype == "float32" and out.nbytes == 32 * 64 * 4
+    assert (
+        out.alive and out.shape == (32, 64) and out.dtype == "float32" and out.nbytes == 32 * 64 * 4
+    )
     assert out.line == "cell line 4"  # %%gpumem, a blank line, `for`, then `out = model(x)`
     assert len([t for t in r.tensors if t.alive]) <= 5
 
 
 def test_peak_phase_is_forward_for_inference(shell: InteractiveShell) -> None:
     assert shell.run_cell(MLP).success
-    assert shell.run_cell("%%gpumem -o r\nwith torch.no_grad():\n    y = model(x)\n    z = model(x) * 2").success
+    assert shell.run_cell(
+        "%%gpumem -o r\nwith torch.no_grad():\n    y = model(x)\n    z = model(x) * 2"
+    ).success
     r = shell.user_ns["r"]
     assert r.peak_phase == "forward"
     assert r.breakdown["activations"] == 0

@@ -30,7 +30,11 @@ SCRIPT = textwrap.dedent(
 
 def _run(cell: str) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, cell], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", SCRIPT, cell],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

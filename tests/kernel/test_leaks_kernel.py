@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem.analysis.leaks import LeakHint, growth_hint
-from jupyter_gpumem.leaks import find_leaks, free, namespace_bytes, release
+from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
+from jupyter_gpumem.ipython_state import find_leaks, free, namespace_bytes, release
 
 torch = pytest.importorskip("torch")
 MiB = 2**20

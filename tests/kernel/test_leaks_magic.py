@@ -35,7 +35,9 @@ def test_a_stored_loss_keeping_its_graph_is_reported(shell: InteractiveShell) ->
     assert "autograd-graph" in kinds
 
 
-def test_gpumem_free_releases_the_output_cache(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpumem_free_releases_the_output_cache(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
     import weakref
 
     shell.displayhook.cache_size = 1000

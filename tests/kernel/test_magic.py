@@ -10,8 +10,8 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.report import MIME_TYPE, NO_CUDA, Report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import MIME_TYPE, NO_CUDA, Report
 from jupyter_gpumem.units import format_bytes
 
 
@@ -99,17 +99,23 @@ def test_cpu_only_runs_the_cell_unchanged_and_says_so(shell: InteractiveShell) -
     plain = f"No CUDA device: the figures are CPU tensor memory (peak {format_bytes(report.peak_allocated_bytes)})."
     for shown in (bundle["text/plain"], bundle["text/html"], "".join(bundle[MIME_TYPE]["notes"])):
         assert plain in shown
-        assert "no GPU memory was measured" not in shown  # under a peak, that read as a contradiction
+        assert (
+            "no GPU memory was measured" not in shown
+        )  # under a peak, that read as a contradiction
     assert bundle[MIME_TYPE]["cuda_available"] is False
 
 
-def test_quiet_displays_nothing_and_stores_the_report(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quiet_displays_nothing_and_stores_the_report(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
     shell.run_cell("%%gpumem --quiet -o r\nz = 5")
     assert "gpumem" not in capsys.readouterr().out
     assert shell.user_ns["r"] is history.reports()[-1]
 
 
-def test_report_is_displayed_as_a_mime_bundle(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_is_displayed_as_a_mime_bundle(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
     shell.run_cell("%%gpumem --name shown\nz = 5")
     out = capsys.readouterr().out
     assert "gpumem shown:" in out
@@ -133,7 +139,11 @@ def test_history_magic_is_compact_and_history_gives_every_number(shell: Interact
     assert {"id", "peak_allocated_bytes", "peak_reserved_bytes", "wall_s"} <= set(frame.columns)
 
 
-@pytest.mark.parametrize("line", ["monitor --interval fast", "monitor --interval 0.01", "monitor --colour red"])
+@pytest.mark.parametrize(
+    "line", ["monitor --interval fast", "monitor --interval 0.01", "monitor --colour red"]
+)
 def test_monitor_bad_arguments_say_what_is_allowed(shell: InteractiveShell, line: str) -> None:
-    with pytest.raises(UsageError, match=re.escape("%gpumem monitor [--interval SECONDS (>= 0.25)]")):
+    with pytest.raises(
+        UsageError, match=re.escape("%gpumem monitor [--interval SECONDS (>= 0.25)]")
+    ):
         shell.run_line_magic("gpumem", line)

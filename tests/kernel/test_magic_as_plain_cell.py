@@ -19,8 +19,8 @@ from cell_compare import Run, compare, run_cell, user_names
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.report import Report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import Report
 
 BODY = "ran = True\nran"
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem.report import Report
+from jupyter_gpumem.report.record import Report
 
 EXAMPLES = 300
 SETUP = "import asyncio\nimport torch\nseed = 3"

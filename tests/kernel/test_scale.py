@@ -8,7 +8,7 @@ import time
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import kernel_history as history
+from jupyter_gpumem import report_log as history
 
 CELLS = 1000
 WINDOW = 100

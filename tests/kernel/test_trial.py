@@ -12,7 +12,7 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
-from jupyter_gpumem.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.trial import Trial, TrialResult
 
 techniques = pytest.importorskip("jupyter_gpumem.techniques")
 Config = techniques.Config
@@ -88,7 +88,7 @@ def trained() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
 def test_peak_and_breakdown_equal_a_gpumem_cell(shell: InteractiveShell) -> None:
     setup = (
         "import torch, torch.nn as nn\n"
-        "from jupyter_gpumem.trial import Trial\n"
+        "from jupyter_gpumem import Trial\n"
         "from jupyter_gpumem.techniques import Config\n"
         "torch.manual_seed(0)\n"
         "model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))\n"

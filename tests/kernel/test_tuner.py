@@ -10,10 +10,10 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.report import Report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.trial import Trial, TrialResult
 from jupyter_gpumem.units import SIZE_HELP
 from jupyter_gpumem.widgets.tuner import FP16_HELP, Tuner, tune
 from jupyter_gpumem.widgets.tuner_charts import rows_html, rows_text
@@ -325,5 +325,7 @@ def test_dropdowns_show_the_model_as_it_is(shell: InteractiveShell, ns: dict[str
     assert (precision.label, optimizer.label) == ("fp32 (as is)", "adamw (as is: opt)")
     assert tuner.config == Config()
     ns["opt2"] = torch.optim.SGD(ns["model"].parameters(), lr=0.1, momentum=0.9)
-    assert tune(ns["model"], "opt2", shell=shell).panel.optimizer.label == "sgd-momentum (as is: opt2)"
+    assert (
+        tune(ns["model"], "opt2", shell=shell).panel.optimizer.label == "sgd-momentum (as is: opt2)"
+    )
     assert tune(ns["model"], "missing", shell=shell).panel.optimizer.label == "as is (missing)"

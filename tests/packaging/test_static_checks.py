@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
 def test_ruff() -> None:
-    result = subprocess.run(["ruff", "check", "jupyter_gpumem", "tests", "bench"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        ["ruff", "check", "jupyter_gpumem", "tests", "bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

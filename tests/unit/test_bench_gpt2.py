@@ -29,7 +29,7 @@ def _load(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def test_small_run_reports_every_configuration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jupyter_gpumem import kernel_history as history
+    from jupyter_gpumem import report_log as history
 
     bench = _load(monkeypatch)
     out = tmp_path / "results.json"

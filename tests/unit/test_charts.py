@@ -14,7 +14,7 @@ pytest.importorskip("bqplot")
 from bqplot import Label, Lines, Scatter
 
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.timeline_svg import LEGEND_TEXT, PHASE_COLORS, SERIES_COLORS, timeline_svg
+from jupyter_gpumem.report.svg import LEGEND_TEXT, PHASE_COLORS, SERIES_COLORS, timeline_svg
 from jupyter_gpumem.widgets.charts import TimelineFigure, timeline_figure
 
 GiB, MiB = 2**30, 2**20

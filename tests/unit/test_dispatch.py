@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem.analysis.replay import TraceEvent, replay_exact
+from jupyter_gpumem.analysis.replay import replay_exact
+from jupyter_gpumem.records import TraceEvent
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402

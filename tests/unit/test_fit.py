@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from jupyter_gpumem.analysis.fit import fit_to_budget
+from jupyter_gpumem.tuner.fit import fit_to_budget
 
 GiB = 2**30
 
@@ -69,9 +69,8 @@ def test_ratio_ranking_is_explained_with_sizes_and_times() -> None:
     assert "  1. ckpt: peak 6.00 GiB, saves 8.00 GiB for +48 ms: 171 MiB per ms, fits" in (
         choice.reasoning
     )
-    assert (
-        "The baseline does not fit: peak 14.0 GiB, 6.00 GiB over, at 187 ms per step."
-        in (choice.reasoning)
+    assert "The baseline does not fit: peak 14.0 GiB, 6.00 GiB over, at 187 ms per step." in (
+        choice.reasoning
     )
 
 

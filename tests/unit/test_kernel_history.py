@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from jupyter_gpumem import kernel_history as history
-from jupyter_gpumem.report import DeviceReport, Report
+from jupyter_gpumem import report_log as history
+from jupyter_gpumem.report.record import DeviceReport, Report
 
 MiB = 2**20
 CPU = DeviceReport(
@@ -42,7 +42,9 @@ def test_empty_history_says_so() -> None:
 
 def test_one_short_row_per_cell_with_units() -> None:
     history.record(_report())
-    history.record(_report(name=None, execution_count=4, wall_s=2.5, devices=(replace(CPU, peak_phase=None),)))
+    history.record(
+        _report(name=None, execution_count=4, wall_s=2.5, devices=(replace(CPU, peak_phase=None),))
+    )
     assert str(history.summary()) == "\n".join(
         [
             "#  name       peak  reserved  peak at             wall",
@@ -54,7 +56,9 @@ def test_one_short_row_per_cell_with_units() -> None:
 
 def test_status_and_device_columns_appear_only_when_they_vary() -> None:
     history.record(_report())
-    gpu = replace(CPU, device="cuda:0", peak_allocated_bytes=3 * 2**30, peak_reserved_bytes=4 * 2**30)
+    gpu = replace(
+        CPU, device="cuda:0", peak_allocated_bytes=3 * 2**30, peak_reserved_bytes=4 * 2**30
+    )
     history.record(_report(name="oom <b>", status="oom", devices=(gpu,)))
     history.record(_report(name="no torch", devices=()))
     shown = history.summary()

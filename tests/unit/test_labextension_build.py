@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem.report import MIME_TYPE
+from jupyter_gpumem.report.record import MIME_TYPE
 
 ROOT = Path(__file__).resolve().parents[2]
 LABEXT = ROOT / "labextension"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpumem.analysis.leaks import (
+from jupyter_gpumem.analysis.leak_hints import (
     Freed,
     LeakHint,
     cycles_hint,

@@ -1,15 +1,7 @@
 """The allocator model against hand-computed block accounting."""
 
-from jupyter_gpumem.analysis.replay import (
-    ALLOCATED,
-    FREE,
-    MIN_BLOCK,
-    BlockState,
-    SegmentState,
-    TraceEvent,
-    replay,
-    round_size,
-)
+from jupyter_gpumem.analysis.replay import MIN_BLOCK, replay, round_size
+from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
 
 MiB = 2**20
 BASE = 0x7F0000000000
@@ -111,7 +103,11 @@ def test_events_the_model_cannot_explain_make_the_replay_inexact() -> None:
 
 
 def test_oom_event_keeps_what_was_live() -> None:
-    events = [ev("segment_alloc", BASE, 20 * MiB), ev("alloc", BASE, 6 * MiB), ev("oom", 0, 80 * 2**30)]
+    events = [
+        ev("segment_alloc", BASE, 20 * MiB),
+        ev("alloc", BASE, 6 * MiB),
+        ev("oom", 0, 80 * 2**30),
+    ]
     r = replay([], events)
     assert r.oom_index == 2
     assert [b.size for b in r.live_at_oom] == [6 * MiB]

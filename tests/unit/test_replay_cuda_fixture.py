@@ -9,8 +9,13 @@ import json
 from pathlib import Path
 
 from jupyter_gpumem.analysis.peaks import device_peaks
-from jupyter_gpumem.analysis.replay import BlockState, SegmentState, TraceEvent
-from jupyter_gpumem.tracking.cuda import DeviceRecording, TraceWindow
+from jupyter_gpumem.records import (
+    BlockState,
+    DeviceRecording,
+    SegmentState,
+    TraceEvent,
+    TraceWindow,
+)
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"
 

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from jupyter_gpumem.analysis.breakdown import TensorRecord
-from jupyter_gpumem.report import MIME_TYPE, DeviceReport, Report
+from jupyter_gpumem.report.record import MIME_TYPE, DeviceReport, Report
 
 GiB, MiB = 2**30, 2**20
 
@@ -79,9 +79,11 @@ def test_over_budget_and_oom_titles() -> None:
 def test_no_cuda_note_says_what_the_cpu_figures_are() -> None:
     from dataclasses import replace
 
-    from jupyter_gpumem.report import NO_CUDA
+    from jupyter_gpumem.report.record import NO_CUDA
 
-    cpu = replace(_report().devices[0], device="cpu", name="CPU tensors", peak_allocated_bytes=5945425)
+    cpu = replace(
+        _report().devices[0], device="cpu", name="CPU tensors", peak_allocated_bytes=5945425
+    )
     shown = _report(cuda_available=False, devices=(cpu,), notes=(NO_CUDA,))
     plain = "No CUDA device: the figures are CPU tensor memory (peak 5.67 MiB)."
     assert shown.shown_notes() == (plain,)
@@ -98,7 +100,8 @@ def _with_tensors(*names: str) -> Report:
     from dataclasses import replace
 
     tensors = tuple(
-        TensorRecord(n, (3072, 768), "float32", 9 * MiB, "cuda:0", "cell line 7", True) for n in names
+        TensorRecord(n, (3072, 768), "float32", 9 * MiB, "cuda:0", "cell line 7", True)
+        for n in names
     )
     return _report(devices=(replace(_report().devices[0], tensors=tensors),))
 
@@ -117,7 +120,7 @@ def test_tensor_names_get_the_room_they_need_and_are_shortened_only_past_it() ->
 
 
 def test_code_spans_in_hints_are_code_in_html_and_plain_in_text() -> None:
-    from jupyter_gpumem.analysis.leaks import graph_hint, output_cache_hint
+    from jupyter_gpumem.analysis.leak_hints import graph_hint, output_cache_hint
 
     hints = (graph_hint(MiB, ["loss"]), output_cache_hint(MiB, ["Out[3]"]))
     assert hints[0] is not None and "`loss.item()`" in hints[0].fix  # the record keeps the markup

@@ -15,7 +15,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
-from jupyter_gpumem.analysis.leaks import LeakHint
+from jupyter_gpumem.analysis.leak_hints import LeakHint
 from jupyter_gpumem.analysis.timeline import Timeline
 from jupyter_gpumem.units import format_bytes, format_seconds
 
@@ -404,6 +404,6 @@ def _alive_html(d: DeviceReport, style: str) -> str:
 
 
 def _timeline_svg(timeline: Timeline, title: str) -> str:
-    from jupyter_gpumem.timeline_svg import timeline_svg
+    from jupyter_gpumem.report.svg import timeline_svg
 
     return timeline_svg(timeline, title=title)

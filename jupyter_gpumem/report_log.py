@@ -7,7 +7,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.report import Report
+from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:

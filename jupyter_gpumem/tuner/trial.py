@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.analysis.cell import build_report
-from jupyter_gpumem.report import Report
-from jupyter_gpumem.tracking.cell import CellOptions, CellTracker
+from jupyter_gpumem.analysis.build import build_report
+from jupyter_gpumem.report.record import Report
+from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Applied, Config
@@ -175,7 +175,7 @@ class Trial:
         if count == 0:
             return None, [], None, 0
         ns = {"model": applied.model, "optimizer": applied.optimizer, "batch": self.batch}
-        tracker = CellTracker(CellOptions(), ns)
+        tracker = Recorder(RecordOptions(), ns)
         times: list[float] = []
         error: BaseException | None = None
         tracker.start()

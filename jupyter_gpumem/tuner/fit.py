@@ -1,7 +1,7 @@
 """Fit to budget: pick the measured configuration that fits a memory budget at the least step time.
 
 Pure: it reads plain records (anything with ``label``, ``status``, ``peak_allocated_bytes`` and
-``step_s``, such as :class:`jupyter_gpumem.trial.TrialResult`), so it is tested without torch.
+``step_s``, such as :class:`jupyter_gpumem.tuner.trial.TrialResult`), so it is tested without torch.
 
 How it chooses, and why the greedy ratio only explains:
 

@@ -6,23 +6,23 @@ import importlib
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.analysis.replay import TraceEvent
-from jupyter_gpumem.tracking.cuda import CudaSession, DeviceRecording, allocator_backend
+from jupyter_gpumem.records import CellRecording, DeviceRecording, PhaseMark, Tag, TraceWindow
+from jupyter_gpumem.tracking.cuda import CudaSession, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tracking.namespace import NamedStorage, named_storages, walk
-from jupyter_gpumem.tracking.tags import PhaseMark, Tag, Tagger
+from jupyter_gpumem.tracking.namespace import named_storages, walk
+from jupyter_gpumem.tracking.tags import Tagger
 
 log = logging.getLogger(__name__)
 _FAILED = object()
 
 
 @dataclass(frozen=True)
-class CellOptions:
+class RecordOptions:
     """The parsed `%%gpumem` options that affect recording."""
 
     trace: bool = True
@@ -32,28 +32,7 @@ class CellOptions:
     detail_steps: int | None = DETAIL_STEPS  # None: the whole cell in detail
 
 
-@dataclass(frozen=True)
-class CellRecording:
-    """What was recorded while one cell ran; the analysis turns it into a report."""
-
-    started_at: float
-    wall_s: float
-    cuda_available: bool
-    devices: dict[int, DeviceRecording]
-    error: BaseException | None
-    notes: tuple[str, ...] = field(default=())
-    tags: tuple[Tag, ...] = ()
-    marks: tuple[PhaseMark, ...] = ()
-    named: Mapping[int, NamedStorage] = field(default_factory=dict)
-    cpu_events: tuple[TraceEvent, ...] | None = None  # the CPU source's events, when it ran
-    cpu_start: tuple[
-        tuple[int, int], ...
-    ] = ()  # (address, bytes) of CPU storages alive at the start
-    cpu_detail_until_us: int | None = None  # when the CPU source stepped aside, if it did
-    steps: int = 0  # loop steps the cell ran (optimizer steps, else root-module forwards)
-
-
-class CellTracker:
+class Recorder:
     """``start()`` before the cell, ``stop(error)`` after it; never imports torch itself.
 
     The cell is recorded in detail for its first steps and again after a new peak
@@ -61,8 +40,15 @@ class CellTracker:
     logged and noted, never raised into the cell.
     """
 
-    def __init__(self, options: CellOptions, user_ns: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        options: RecordOptions,
+        user_ns: Mapping[str, Any] | None = None,
+        *,
+        digest: Callable[[TraceWindow], Any] | None = None,
+    ) -> None:
         self.options = options
+        self.digest = digest  # see CudaSession
         self.user_ns: Mapping[str, Any] = user_ns if user_ns is not None else {}
         self._session: CudaSession | None = None
         self._tagger: Tagger | None = None
@@ -89,6 +75,7 @@ class CellTracker:
                 trace=trace,
                 devices=self.options.devices,
                 snapshot_path=self.options.snapshot_path,
+                digest=self.digest,
             )
             self._session.start()
         elif torch is not None and self.options.trace:

@@ -10,10 +10,15 @@ from typing import Any
 from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
-from jupyter_gpumem.analysis.replay import ALLOCATED, Live, Replay, TraceEvent, replay_exact
-from jupyter_gpumem.report import NO_CUDA, DeviceReport, Report
-from jupyter_gpumem.tracking.cell import CellRecording
-from jupyter_gpumem.tracking.cuda import DeviceRecording, TraceWindow
+from jupyter_gpumem.analysis.replay import Live, Replay, replay_exact
+from jupyter_gpumem.records import (
+    ALLOCATED,
+    CellRecording,
+    DeviceRecording,
+    TraceEvent,
+    TraceWindow,
+)
+from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report
 from jupyter_gpumem.units import format_bytes
 
 

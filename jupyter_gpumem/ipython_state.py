@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from jupyter_gpumem.analysis import leaks as analysis
-from jupyter_gpumem.analysis.leaks import Freed, LeakHint
+from jupyter_gpumem.analysis import leak_hints as analysis
+from jupyter_gpumem.analysis.leak_hints import Freed, LeakHint
 
 __all__ = ["Freed", "LeakHint", "find_leaks", "free", "namespace_bytes", "release"]
 

@@ -1,0 +1,163 @@
+"""The recorded facts of one cell: what the event sources hand to the analysis.
+
+Plain, frozen records of bytes, addresses and microseconds, with no behaviour beyond
+reading themselves. Everything else in the package builds on these; this module imports
+nothing of ours, so a recording can be saved, loaded and analysed without torch or a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+ALLOCATED, PENDING, FREE = "allocated", "pending", "free"  # a block's state
+
+
+@dataclass(frozen=True)
+class BlockState:
+    """One block of a segment at the start of the interval."""
+
+    address: int
+    size: int
+    state: str  # ALLOCATED, PENDING (freed, awaiting stream events) or FREE
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """One cudaMalloc'd segment at the start of the interval."""
+
+    address: int
+    total_size: int
+    is_small: bool
+    blocks: tuple[BlockState, ...]
+
+
+class TraceEvent(NamedTuple):
+    """One allocator action, as recorded by ``_record_memory_history``.
+
+    A named tuple rather than a dataclass: a long cell's windows hold tens of thousands,
+    made in one pass after the cell, where construction cost is what the user waits for.
+    """
+
+    action: str  # alloc, free_requested, free_completed, segment_alloc, segment_free, ...
+    address: int
+    size: int  # requested bytes for alloc/free, segment bytes for segment actions
+    time_us: int = 0
+    frames: Sequence[Mapping[str, Any]] = ()  # {filename, line, name}, innermost first
+
+
+@dataclass(frozen=True)
+class Tag:
+    """``address`` held a storage of ``category`` at ``time_us`` (unix microseconds)."""
+
+    address: int
+    category: str  # parameters, gradients, optimizer_state, activations, inputs
+    time_us: int
+    nbytes: int  # the storage's size, to tell it from a later storage at the same address
+
+
+@dataclass(frozen=True)
+class PhaseMark:
+    """From ``time_us`` on, the cell was in ``phase`` of loop iteration ``step``."""
+
+    time_us: int
+    phase: str  # forward, backward, optimizer, other
+    step: int
+
+
+@dataclass(frozen=True)
+class NamedStorage:
+    """A tensor storage reachable from the user's namespace."""
+
+    address: int
+    nbytes: int
+    name: str
+    category: str | None  # parameters, gradients, optimizer_state, or None for plain tensors
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """A stretch of the cell recorded event by event: starting layout, events, counters."""
+
+    segments_before: tuple[SegmentState, ...]
+    events: tuple[TraceEvent, ...]
+    allocated_start: int
+    reserved_start: int
+    allocated_end: int  # the counters when the window closed: the replay must end on them
+    reserved_end: int
+    first_step: int  # the first loop step it covers
+    last_step: int | None  # the step it ended before; None if it lasted to the end of the cell
+    problem: str | None = None  # why the window's trace cannot be used; None when it can
+    started_us: int = 0  # unix microseconds, the clock of the trace and of the tags
+    # The analysis' digest of the window (its replay), made when the window closed mid-cell:
+    # a GPU-bound loop is then still running queued kernels, so it costs the user nothing.
+    replayed: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """The counters read at a step boundary outside the detailed windows."""
+
+    time_us: int
+    step: int
+    allocated: int  # at the boundary
+    reserved: int
+    peak_allocated: int  # highest since the previous sample
+    peak_reserved: int
+
+
+@dataclass(frozen=True)
+class DeviceRecording:
+    """Everything recorded on one device for one cell; input to the analysis."""
+
+    index: int
+    name: str
+    total_bytes: int
+    allocated_before: int
+    reserved_before: int
+    allocated_after: int
+    reserved_after: int
+    max_allocated_after: int  # the allocator's (resettable) peak counters at the end
+    max_reserved_after: int
+    windows: tuple[TraceWindow, ...]  # detailed stretches, in order
+    samples: tuple[StepSample, ...] = ()  # step boundaries between and after the windows
+    cell_peak_allocated: int | None = None  # the cell's own peak counters; None if not kept
+    cell_peak_reserved: int | None = None
+    trace_problem: str | None = None  # why no window was traced; None when one was
+    end_blocks: tuple[BlockState, ...] | None = (
+        None  # allocated blocks at the end, after a light stretch
+    )
+
+    @property
+    def segments_before(self) -> tuple[SegmentState, ...]:
+        return self.windows[0].segments_before if self.windows else ()
+
+    @property
+    def events(self) -> tuple[TraceEvent, ...]:
+        """The first window's events: the whole cell's when it was detailed throughout."""
+        return self.windows[0].events if self.windows else ()
+
+
+@dataclass(frozen=True)
+class CellRecording:
+    """What was recorded while one cell ran; the analysis turns it into a report."""
+
+    started_at: float
+    wall_s: float
+    cuda_available: bool
+    devices: dict[int, DeviceRecording]
+    error: BaseException | None
+    notes: tuple[str, ...] = field(default=())
+    tags: tuple[Tag, ...] = ()
+    marks: tuple[PhaseMark, ...] = ()
+    named: Mapping[int, NamedStorage] = field(default_factory=dict)
+    cpu_events: tuple[TraceEvent, ...] | None = None  # the CPU source's events, when it ran
+    cpu_start: tuple[
+        tuple[int, int], ...
+    ] = ()  # (address, bytes) of CPU storages alive at the start
+    cpu_detail_until_us: int | None = None  # when the CPU source stepped aside, if it did
+    steps: int = 0  # loop steps the cell ran (optimizer steps, else root-module forwards)

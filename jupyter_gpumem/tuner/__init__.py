@@ -1,0 +1,1 @@
+"""The tuner's engine: trials of configurations on a model, and the choice within a budget."""
