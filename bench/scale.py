@@ -192,7 +192,7 @@ class Bench:
     def __init__(self, device: torch.device) -> None:
         from IPython.core.interactiveshell import InteractiveShell
 
-        import jupyter_gpumem.analysis.build as analysis
+        import jupyter_gpumem.report.build as analysis
 
         self.device = device
         self.shell = InteractiveShell.instance()
@@ -205,9 +205,9 @@ class Bench:
             self.events.append(n + len(rec.cpu_events or ()))
             return build(rec, **kwargs)
 
-        import jupyter_gpumem.magic as magic
+        import jupyter_gpumem.session as session
 
-        magic.build_report = counting  # type: ignore[assignment]
+        session.build_report = counting  # type: ignore[assignment]
 
     def sync(self) -> None:
         if self.device.type == "cuda":

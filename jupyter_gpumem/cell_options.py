@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem.session import MeasureOptions
 from jupyter_gpumem.units import SIZE_HELP, parse_size
 
 CELL_USAGE = (
@@ -67,6 +68,18 @@ class Options:
     trace: bool = True
     quiet: bool = False
     top: int = 10
+
+    def measuring(self) -> MeasureOptions:
+        """The options that decide what is recorded and reported."""
+        return MeasureOptions(
+            name=self.name,
+            budget_bytes=self.budget_bytes,
+            top=self.top,
+            trace=self.trace,
+            devices=self.devices,
+            all_devices=self.all_devices,
+            snapshot_path=self.snapshot,
+        )
 
 
 def split_words(line: str, usage: str) -> list[str]:

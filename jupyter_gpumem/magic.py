@@ -12,24 +12,21 @@ import hashlib
 import math
 import sys
 import warnings
-from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.display import display
 
-from jupyter_gpumem import cell_run
+from jupyter_gpumem import cell_run, frontend
 from jupyter_gpumem import report_log as history
-from jupyter_gpumem.analysis.build import build_report
 from jupyter_gpumem.cell_options import CELL_HELP, CELL_USAGE, Options, parse_options, split_words
+from jupyter_gpumem.report import text
 from jupyter_gpumem.report.record import Report
+from jupyter_gpumem.session import Measurement
 from jupyter_gpumem.tracking import devices as cuda_devices
 from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
-from jupyter_gpumem.tracking.process import process_bytes
-from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
 
 __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "unload"]
 
@@ -90,91 +87,42 @@ class GpuMemMagics(Magics):
         # leading blank lines that IPython strips before compiling.
         lines = body.raw.split("\n")
         offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
-        tracker = Recorder(
-            RecordOptions(
-                trace=opts.trace,
-                devices=opts.devices,
-                all_devices=opts.all_devices,
-                snapshot_path=opts.snapshot,
-            ),
+        key = opts.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
+        measurement = Measurement(
+            opts.measuring(),
             shell.user_ns,
+            shell=shell,
+            execution_count=count,
+            cell=(body.filename, offset),
+            cell_key=key,
         )
         outcome = cell_run.Outcome()
         escaped: BaseException | None = None
-        tracker.start()
+        measurement.start()
         try:
             await cell_run.run(shell, body, outcome, silent=running is not None and running.silent)
         except BaseException as exc:  # an interrupt that arrived outside the body's own code
             escaped = exc
             raise
         finally:
-            key = opts.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
             error = outcome.error if outcome.error is not None else escaped
-            self._finish(tracker, opts, error, (body.filename, offset), key, count)
+            self._finish(measurement, opts, error)
         cell_run.fail(shell, running, outcome)
 
-    def _finish(
-        self,
-        tracker: Recorder,
-        opts: Options,
-        error: BaseException | None,
-        cell: tuple[str, int],
-        cell_key: str,
-        count: int,
-    ) -> None:
-        try:
-            recording = tracker.stop(error)
-            nvml = process_bytes() if recording.devices else {}
-            report = build_report(
-                recording,
-                name=opts.name,
-                execution_count=count,
-                budget_bytes=opts.budget_bytes,
-                all_devices=opts.all_devices,
-                process_bytes=nvml,
-                cell=cell,
-                top=opts.top,
-            )
-            report = self._with_leaks(report, opts, cell_key)
-        except Exception as exc:
-            warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
+    def _finish(self, measurement: Measurement, opts: Options, error: BaseException | None) -> None:
+        report = measurement.finish(error)
+        if report is None:
             return
         missing = _missing_device(opts)
         if missing is not None:
             warnings.warn(f"{missing}; nothing was reported for it", stacklevel=2)
-        dropped = history.record(report)
-        if dropped is not None:
-            warnings.warn(dropped, stacklevel=2)
         if opts.output and self.shell is not None:
             self.shell.user_ns[opts.output] = report
         if opts.quiet:
-            for w in report.warnings:
+            for w in text.warnings(report):
                 warnings.warn(w, stacklevel=2)
             return
-        display(report)
-        if (
-            report.timeline is not None
-            and len(report.timeline.t_s) > 1
-            and _has_widgets(self.shell)
-        ):
-            display(report.timeline_figure())
-
-    def _with_leaks(self, report: Report, opts: Options, cell_key: str) -> Report:
-        """Leak hints from IPython's state, and growth across earlier runs of the same cell."""
-        from jupyter_gpumem.analysis.leak_hints import growth_hint
-        from jupyter_gpumem.ipython_state import find_leaks
-
-        main = report.main
-        device = None if main is None or main.device == "cpu" else main.index
-        hints = list(find_leaks(self.shell, device=device, cycles=False)) if report.devices else []
-        if main is not None:
-            earlier = history.earlier_runs(cell_key, main.device)
-            grown = growth_hint(
-                [*earlier, main.allocated_after_bytes], label=opts.name or "this cell"
-            )
-            if grown is not None:
-                hints.insert(0, grown)
-        return replace(report, leak_hints=tuple(hints), cell_key=cell_key)
+        frontend.show(report, self.shell)
 
     def _check_devices(self, opts: Options) -> None:
         missing = _missing_device(opts)
@@ -285,11 +233,6 @@ def _import_torch_first(tree: ast.Module) -> None:
             return
 
 
-def _has_widgets(shell: Any) -> bool:
-    """Widgets render only where a kernel with comms runs the shell (not plain IPython)."""
-    return getattr(shell, "kernel", None) is not None
-
-
 def _status() -> None:
     torch = sys.modules.get("torch")
     reports: list[Report] = history.reports()
@@ -322,6 +265,7 @@ def load(shell: InteractiveShell) -> None:
     GUARD.install()
     COUNTERS.install()
     shell.events.register("post_run_cell", _install_guard)
+    frontend.FRONTEND.ask(shell)
 
 
 def unload(shell: InteractiveShell) -> None:
@@ -340,6 +284,7 @@ def unload(shell: InteractiveShell) -> None:
     shell.events.unregister("post_run_cell", _install_guard)
     GUARD.uninstall()
     COUNTERS.uninstall()
+    frontend.FRONTEND.forget()
 
 
 def _install_guard(result: Any = None) -> None:

@@ -28,12 +28,12 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.analysis.build import build_report
-from jupyter_gpumem.report.record import Report
-from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
+from jupyter_gpumem.report import text
+from jupyter_gpumem.report.record import Report, status_of
+from jupyter_gpumem.session import Measurement, MeasureOptions
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Applied, Config
@@ -175,19 +175,17 @@ class Trial:
         if count == 0:
             return None, [], None, 0
         ns = {"model": applied.model, "optimizer": applied.optimizer, "batch": self.batch}
-        tracker = Recorder(RecordOptions(), ns)
+        measurement = Measurement(MeasureOptions(name=label, log=False), ns)
         times: list[float] = []
         error: BaseException | None = None
-        tracker.start()
+        measurement.start()
         try:
             for _ in range(count):
                 times.append(self._timed_step(applied))
         except Exception as exc:
             error = exc
         finally:
-            recording = tracker.stop(error)
-        report = build_report(recording, name=label) if keep or error else None
-        del recording  # holds the error, whose frames hold the step's tensors
+            report = measurement.finish(error, analyse=keep or error is not None)
         return report, times, error, len(times)
 
     def _timed_step(self, applied: Applied) -> float:
@@ -363,7 +361,7 @@ def _failed(
     notes: tuple[str, ...],
 ) -> TrialResult:
     """An out-of-memory or failed trial; its frames are cleared so their tensors can be freed."""
-    status = "oom" if type(error).__name__ == "OutOfMemoryError" else "error"
+    status = status_of(error)
     message = f"{type(error).__name__}: {error} ({where})"
     if error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
@@ -393,6 +391,41 @@ def _result(
         breakdown=dict(main.breakdown) if main and main.breakdown is not None else None,
         step_s=statistics.median(times) if times else None,
         step_s_all=tuple(times),
-        warnings=(*notes, *(report.warnings if report else ())),
+        warnings=(*notes, *(text.warnings(report) if report else ())),
         report=report,
+    )
+
+
+def cell_result(report: Report, config: Config, notes: Sequence[str]) -> TrialResult:
+    """A TrialResult read from a `%%gpumem` cell's report; the first step is warm-up when there are more."""
+    steps = step_times(report)
+    timed = steps[1:] if len(steps) > 1 else steps
+    found = list(notes)
+    if not steps:
+        found.append("no training steps were recognised: the step time is the cell's wall time")
+    result = _result(
+        config,
+        str(config),
+        report,
+        None,
+        times=timed or (report.wall_s,),
+        notes=tuple(found),
+        status=report.status,
+        error=report.error,
+    )
+    return replace(result, step_s_all=steps or (report.wall_s,))
+
+
+def step_times(report: Report) -> tuple[float, ...]:
+    """Seconds per training step, from the phase bands: start of one step to the next."""
+    bands = report.timeline.bands if report.timeline is not None else ()
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    for b in bands:
+        starts[b.step] = min(starts.get(b.step, b.start_s), b.start_s)
+        ends[b.step] = max(ends.get(b.step, b.end_s), b.end_s)
+    steps = sorted(starts)
+    return tuple(
+        (starts[steps[i + 1]] if i + 1 < len(steps) else ends[s]) - starts[s]
+        for i, s in enumerate(steps)
     )

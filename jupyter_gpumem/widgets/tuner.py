@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import html
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
-from jupyter_gpumem import report_log as history
 from jupyter_gpumem.report.record import Report
+from jupyter_gpumem.session import collect
 from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
-from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.trial import Trial, TrialResult, cell_result
 from jupyter_gpumem.units import parse_size
 from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, rows_text
 
@@ -282,20 +281,18 @@ class Tuner(widgets.VBox):
         ):
             notes.append(FP16_HELP)
             self.panel.say("warning", notes)
-        count = history.recorded()
         error: Exception | None = None
         # The cell as IPython runs it (one run_cell_magic call), so that its report has the
         # same cell key as the original run.
         code = compile(self.shell.transform_cell(source), "<gpumem tuner re-run>", "exec")
-        with self.panel.cell_output, self.applied.autocast():
+        with self.panel.cell_output, self.applied.autocast(), collect() as made:
             try:
                 exec(code, self.shell.user_ns)
             except Exception as exc:  # the cell's own error: its report says so
                 error = exc
-        made = history.since(count)
         if not made:
             raise RuntimeError(f"the %%gpumem cell made no report ({error!r})")
-        return _result(made[-1], config, notes)
+        return cell_result(made[-1], config, notes)
 
     # -- widgets ----------------------------------------------------------------------------
     def _build_panel(self) -> Panel:
@@ -345,43 +342,6 @@ class Tuner(widgets.VBox):
 
     def _refresh(self) -> None:
         self.panel.show(self.rows)
-
-
-def step_times(report: Report) -> tuple[float, ...]:
-    """Seconds per training step, from the phase bands: start of one step to the next."""
-    bands = report.timeline.bands if report.timeline is not None else ()
-    starts: dict[int, float] = {}
-    ends: dict[int, float] = {}
-    for b in bands:
-        starts[b.step] = min(starts.get(b.step, b.start_s), b.start_s)
-        ends[b.step] = max(ends.get(b.step, b.end_s), b.end_s)
-    steps = sorted(starts)
-    return tuple(
-        (starts[steps[i + 1]] if i + 1 < len(steps) else ends[s]) - starts[s]
-        for i, s in enumerate(steps)
-    )
-
-
-def _result(report: Report, config: Config, notes: Sequence[str]) -> TrialResult:
-    """A TrialResult read from a `%%gpumem` report; the first step is warm-up when there are more."""
-    steps = step_times(report)
-    timed = steps[1:] if len(steps) > 1 else steps
-    warnings = [*report.warnings, *notes]
-    if not steps:
-        warnings.append("no training steps were recognised: the step time is the cell's wall time")
-    return TrialResult(
-        config=config,
-        label=str(config),
-        status=report.status,
-        error=report.error,
-        peak_allocated_bytes=report.peak_allocated_bytes,
-        peak_reserved_bytes=report.peak_reserved_bytes,
-        breakdown=report.breakdown,
-        step_s=statistics.median(timed) if timed else report.wall_s,
-        step_s_all=steps or (report.wall_s,),
-        warnings=tuple(warnings),
-        report=report,
-    )
 
 
 def tune(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
+from nbconvert import HTMLExporter
 
 from jupyter_gpumem.__main__ import main
+from jupyter_gpumem.frontend import WIDGET_VIEW
 from jupyter_gpumem.report.record import MIME_TYPE
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -37,3 +40,14 @@ def test_notebook_executes_and_reports(
     ]
     assert reports and all(r["schema"] == 1 for r in reports)
     assert "report(s) from" in capsys.readouterr().out
+    # One timeline per report: no front end answered, so no widget view beside the HTML's SVG.
+    bundles = [o.get("data", {}) for c in executed.cells for o in c.get("outputs", [])]
+    assert not [b for b in bundles if WIDGET_VIEW in b and MIME_TYPE in b]
+    page, _ = HTMLExporter().from_notebook_node(executed)
+    expected = sum(len(_main_timeline(r)) > 1 for r in reports)
+    assert expected and page.count('class="jp-gpumem-timeline"') == expected
+
+
+def _main_timeline(report: dict[str, Any]) -> list[float]:
+    main = next(d for d in report["devices"] if d["device"] == report["main_device"])
+    return list((main.get("timeline") or {}).get("t_s") or [])

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from test_replay_cuda_fixture import _recording
 
-from jupyter_gpumem.analysis.build import build_report
 from jupyter_gpumem.analysis.peaks import device_peaks
 from jupyter_gpumem.records import CellRecording, DeviceRecording, StepSample, Tag
+from jupyter_gpumem.report.build import build_report
 
 
 def _light(peak_after: int, steps: int = 10) -> tuple[DeviceRecording, int]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
+from jupyter_gpumem.analysis.leak_hints import LeakHint
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
 from jupyter_gpumem.analysis.replay import Live, Replay, replay_exact
 from jupyter_gpumem.records import (
@@ -18,8 +19,7 @@ from jupyter_gpumem.records import (
     TraceEvent,
     TraceWindow,
 )
-from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report
-from jupyter_gpumem.units import format_bytes
+from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report, main_device, status_of
 
 
 def build_report(
@@ -32,10 +32,17 @@ def build_report(
     process_bytes: Mapping[int, int | None] | None = None,
     cell: tuple[str, int] | None = None,
     top: int = 10,
+    cell_key: str | None = None,
+    leak_hints: Callable[[DeviceReport | None], Sequence[LeakHint]] | None = None,
 ) -> Report:
-    """The report of one cell. ``process_bytes`` maps device index to NVML's figure for this process."""
+    """The report of one cell.
+
+    ``process_bytes`` maps device index to NVML's figure for this process; ``leak_hints``
+    gives the hints for the cell's main device (the memory IPython holds on it, growth
+    across runs of ``cell_key``).
+    """
     notes = list(rec.notes)
-    warnings: list[str] = []
+
     devices: list[DeviceReport] = []
     sources: set[str] = set()
     chosen = rec.devices if all_devices else _touched(rec.devices)
@@ -78,9 +85,13 @@ def build_report(
     status = "ok"
     error = None
     if rec.error is not None:
-        status = "oom" if type(rec.error).__name__ == "OutOfMemoryError" else "error"
+        status = status_of(rec.error)
         error = f"{type(rec.error).__name__}: {rec.error}"
-    report = Report(
+    main = main_device(devices)
+    hints: tuple[LeakHint, ...] = ()
+    if leak_hints is not None:
+        hints = tuple(leak_hints(next((d for d in devices if d.device == main), None)))
+    return Report(
         id=uuid.uuid4().hex,
         name=name,
         execution_count=execution_count,
@@ -93,16 +104,10 @@ def build_report(
         budget_bytes=budget_bytes,
         devices=tuple(devices),
         notes=tuple(notes),
-        warnings=tuple(warnings),
+        leak_hints=hints,
+        cell_key=cell_key,
+        main_device=main,
     )
-    if report.over_budget and report.peak_allocated_bytes is not None:
-        over = report.peak_allocated_bytes - (budget_bytes or 0)
-        message = (
-            f"peak {format_bytes(report.peak_allocated_bytes)} on {report.device} exceeds the budget "
-            f"of {format_bytes(budget_bytes)} by {format_bytes(over)}"
-        )
-        report = _with_warning(report, message)
-    return report
 
 
 def _device_attribution(
@@ -262,7 +267,3 @@ def _touched(devices: Mapping[int, DeviceRecording]) -> dict[int, DeviceRecordin
         return used
     first = min(devices)
     return {first: devices[first]}
-
-
-def _with_warning(report: Report, message: str) -> Report:
-    return replace(report, warnings=(*report.warnings, message))

@@ -1,0 +1,110 @@
+"""The report as theme-aware HTML (JupyterLab CSS variables with plain fallbacks).
+
+This is what front ends without the jupyter_gpumem renderer show, nbconvert's HTML included;
+the timeline is the static SVG of :mod:`jupyter_gpumem.report.svg`.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+from jupyter_gpumem.report.svg import timeline_svg
+from jupyter_gpumem.report.text import (
+    CODE,
+    freed_lines,
+    peak_lines,
+    rows,
+    shape,
+    short,
+    title,
+    warnings,
+)
+from jupyter_gpumem.units import format_bytes
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.report.record import DeviceReport, Report
+
+HTML_NAME_WIDTH = 120
+
+
+def render_html(r: Report, *, timeline: bool = True) -> str:
+    """A compact table, the tensors left alive, the timeline's SVG, warnings, hints and notes."""
+    esc = html.escape
+    style = (
+        "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px);"
+        "border-collapse:collapse"
+    )
+    parts = [f'<div class="jp-gpumem-report"><strong>{esc(title(r))}</strong>']
+    if r.devices:
+        parts.append(f'<table style="{style}"><thead><tr><th></th>')
+        parts.extend(
+            f'<th style="text-align:right;padding:0 .8em">{esc(d.device)} {esc(d.name)}</th>'
+            for d in r.devices
+        )
+        parts.append("</tr></thead><tbody>")
+        for label, key, signed in rows(r):
+            parts.append(f'<tr><td style="padding-right:1em">{esc(label.strip())}</td>')
+            parts.extend(
+                f'<td style="text-align:right;padding:0 .8em">{esc(format_bytes(getattr(d, key), signed=signed))}</td>'
+                for d in r.devices
+            )
+            parts.append("</tr>")
+        parts.append("</tbody></table>")
+    if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
+        verdict = "over" if r.over_budget else "within"
+        parts.append(
+            f"<p>Budget {esc(format_bytes(r.budget_bytes))}: peak is {verdict} budget.</p>"
+        )
+    if r.main is not None and (details := peak_lines(r.main)):
+        parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
+    if r.main is not None:
+        parts.append(_alive_html(r.main, style))
+        freed = freed_lines(r.main)
+        parts.extend(f'<pre style="margin:.4em 0">{esc(line)}</pre>' for line in freed)
+    if timeline and r.timeline is not None and len(r.timeline.t_s) > 1:
+        parts.append(timeline_svg(r.timeline, title=r.name or ""))
+    parts.extend(
+        f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in warnings(r)
+    )
+    parts.extend(
+        f"<p><strong>Leak:</strong> {_code_html(h.message)} <em>Fix:</em> {_code_html(h.fix)}</p>"
+        for h in r.leak_hints
+    )
+    parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.shown_notes())
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _code_html(text: str) -> str:
+    """Hint text for HTML: escaped, code spans as <code>."""
+    return CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
+def _alive_html(d: DeviceReport, style: str) -> str:
+    """The tensors left alive as a table whose name column takes the room it needs."""
+    alive = [t for t in d.tensors if t.alive]
+    if not alive:
+        return ""
+    esc = html.escape
+    cell = "padding:0 .8em 0 0;white-space:nowrap;text-align:left"
+    num = f"{cell};text-align:right"
+    heads = [("name", cell), ("shape", num), ("dtype", cell), ("size", num), ("line", cell)]
+    rows = []
+    for t in alive:
+        name = t.name or "(unnamed)"
+        values = [
+            (esc(short(name, HTML_NAME_WIDTH)), cell),
+            (esc(shape(t)), num),
+            (esc(t.dtype or ""), cell),
+            (esc(format_bytes(t.nbytes)), num),
+            (esc(t.line or ""), cell),
+        ]
+        tds = "".join(f'<td style="{s}">{v}</td>' for v, s in values)
+        rows.append(f'<tr title="{esc(name)}">{tds}</tr>')
+    head = "".join(f'<th style="{s}">{h}</th>' for h, s in heads)
+    return (
+        '<div style="margin:.4em 0 .2em">Tensors the cell left alive:</div>'
+        f'<table class="jp-gpumem-tensors" style="{style}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
