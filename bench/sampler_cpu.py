@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpumem.server.fake import FakeNvml
-from jupyter_gpumem.server.nvml import NvmlBackend
-from jupyter_gpumem.server.sampler import Sampler
+from jupyter_gpumem.nvml.library import NvmlBackend
+from jupyter_gpumem.nvml.sampler import Sampler
+from tests.support.nvml_fake import FakeNvml
 
 GiB = 2**30
 

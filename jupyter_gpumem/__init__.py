@@ -93,4 +93,6 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    return [{"module": "jupyter_gpumem.server"}]
+    from jupyter_gpumem.server import GpuMemApp
+
+    return [{"module": "jupyter_gpumem.server", "app": GpuMemApp}]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from importlib.metadata import version
 from typing import Any
 
 import tornado.web
@@ -17,16 +18,15 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-import jupyter_gpumem
+from jupyter_gpumem.nvml.readings import Reason, Sample
+from jupyter_gpumem.nvml.sampler import Sampler
 from jupyter_gpumem.server.host import kernel_host
 from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
-from jupyter_gpumem.server.records import Reason, Sample
-from jupyter_gpumem.server.sampler import Sampler
 
 __all__ = ["API_PREFIX", "handlers"]
 
 API_PREFIX = "jupyter-gpumem/api"
-SETTINGS_KEY = "jupyter_gpumem"
+SETTINGS_KEY = "jupyter_gpumem_state"  # "jupyter_gpumem" holds the ExtensionApp itself
 FIRST_SAMPLE_WAIT_S = 2.0
 
 
@@ -64,7 +64,7 @@ class HealthHandler(GpuMemHandler):
         self.finish_json(
             {
                 "status": "ok",
-                "version": jupyter_gpumem.__version__,
+                "version": version("jupyter_gpumem"),
                 "nvml": {"available": sample.available, "reason": sample.reason},
             }
         )

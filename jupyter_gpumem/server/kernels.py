@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from queue import Empty
 from typing import Any
 
-from jupyter_gpumem.server.records import Sample
+from jupyter_gpumem.nvml.readings import Sample
 
 __all__ = [
     "KernelProcesses",

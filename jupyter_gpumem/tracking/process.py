@@ -15,7 +15,7 @@ _BACKEND = None
 def process_bytes(pid: int | None = None) -> dict[int, int | None]:
     """Device index (as torch numbers it) -> bytes NVML reports for ``pid``; {} if unavailable."""
     global _BACKEND
-    from jupyter_gpumem.server.nvml import NvmlBackend
+    from jupyter_gpumem.nvml.library import NvmlBackend
 
     if _BACKEND is None:
         _BACKEND = NvmlBackend(log=logging.getLogger("jupyter_gpumem.kernel"))

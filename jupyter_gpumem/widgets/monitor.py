@@ -1,7 +1,8 @@
 """`%gpumem monitor`: live GPU gauges fed from the kernel, for frontends without the sidebar.
 
 Per GPU: a used/total bar, a text line and a bqplot sparkline of the last minutes. A background
-thread in the kernel reads NVML (`jupyter_gpumem.server.nvml`) and updates the widgets' traits.
+thread in the kernel (the sampler of `jupyter_gpumem.nvml.sampler`) reads NVML and updates the
+widgets' traits after each read.
 
 Known limitations:
     - The thread stops when the widget is closed (``widget.close()``, or the frontend closing
@@ -27,9 +28,9 @@ from typing import Any
 import ipywidgets as widgets
 from bqplot import Figure, LinearScale, Lines
 
-from jupyter_gpumem.server.nvml import NvmlBackend
-from jupyter_gpumem.server.records import DeviceRecord, Sample
-from jupyter_gpumem.server.sampler import Backend, check_interval
+from jupyter_gpumem.nvml.library import NvmlBackend
+from jupyter_gpumem.nvml.readings import DeviceRecord, Sample
+from jupyter_gpumem.nvml.sampler import Backend, Sampler, check_interval
 from jupyter_gpumem.units import format_bytes
 
 __all__ = ["GpuMonitor", "show"]
@@ -102,8 +103,7 @@ class GpuMonitor(widgets.VBox):
     ) -> None:
         self.interval_s = check_interval(interval_s)
         self._backend = backend
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler: Sampler | None = None
         self.status = widgets.HTML()
         self.views: list[_DeviceView] = []
         first = backend.read(self.interval_s)
@@ -125,8 +125,15 @@ class GpuMonitor(widgets.VBox):
         if self.comm is not None:
             self.comm.on_close(lambda _msg: self.stop())
         atexit.register(self.stop)
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        self._sampler = Sampler(
+            backend,
+            interval_s=self.interval_s,
+            history_s=self.interval_s,  # the sparklines keep their own points
+            log=LOG,
+            on_sample=self._apply,
+            thread_name=THREAD_NAME,
+        )
+        self._sampler.start()
 
     @staticmethod
     def _check_devices(sample: Sample, devices: Sequence[int] | None) -> set[int]:
@@ -140,7 +147,7 @@ class GpuMonitor(widgets.VBox):
 
     @property
     def thread(self) -> threading.Thread | None:
-        return self._thread
+        return self._sampler.thread if self._sampler is not None else None
 
     def _apply(self, sample: Sample) -> None:
         if not sample.available:
@@ -153,27 +160,15 @@ class GpuMonitor(widgets.VBox):
             if view.index in by_index:
                 view.update(by_index[view.index], sample.time)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval_s):
-                sample = self._backend.read(self.interval_s)
-                if self._stop.is_set():
-                    break
-                self._apply(sample)
-        finally:
-            self._backend.close()
-
     def _on_comm_change(self, change: dict[str, Any]) -> None:
         if change["new"] is None:
             self.stop()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop sampling and wait for the thread; idempotent, safe from any thread."""
-        self._stop.set()
         atexit.unregister(self.stop)
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        if self._sampler is not None:
+            self._sampler.stop(timeout_s)
 
 
 def show(

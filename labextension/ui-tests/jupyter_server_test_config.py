@@ -1,11 +1,11 @@
 """Jupyter Server configuration for the Galata UI tests of jupyter-gpumem.
 
-Runs JupyterLab on the NVML stand-in (``c.GpuMem.backend = "fake"``): two GPUs, one with
+Runs JupyterLab on the NVML stand-in of ``tests/support/nvml_fake.py``: two GPUs, one with
 a MIG instance, a process per running kernel (so the active notebook's row is highlighted)
 and a process whose command is an HTML injection attempt that must show as literal text.
 
 With ``JUPYTER_GPUMEM_UI_NVML_ERROR`` set to a failure of the stand-in (a key of
-``jupyter_gpumem.server.fake.ERROR_CODES``, e.g. ``library_not_found``), NVML fails to start
+``tests.support.nvml_fake.ERROR_CODES``, e.g. ``library_not_found``), NVML fails to start
 as on a machine without a GPU; live.spec.ts starts a second server so, on another port
 (``JUPYTER_GPUMEM_UI_PORT``).
 
@@ -25,13 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 BUILT = REPO / "jupyter_gpumem" / "labextension"
 GiB = 2**30
 
-# A fresh clone run without `pip install -e .` still finds the package.
-try:
-    import jupyter_gpumem  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO))
+# The NVML stand-in lives in the tests; a fresh clone without `pip install -e .` also finds
+# the package here.
+sys.path.insert(0, str(REPO))
 
-from jupyter_gpumem.server.fake import DEFAULT_SPEC, ERROR_CODES  # noqa: E402
+from tests.support.nvml_fake import DEFAULT_SPEC, ERROR_CODES  # noqa: E402
 
 if not (BUILT / "package.json").exists():
     raise SystemExit(
@@ -57,9 +55,9 @@ c.LabServerApp.extra_labextensions_path = [  # noqa: F821
 
 XSS_COMMAND = "<img src=x onerror=alert(1)>"
 
-c.GpuMem.backend = "fake"  # noqa: F821
+c.GpuMem.nvml_library = "tests.support.nvml_fake.FakeNvml"  # noqa: F821
 c.GpuMem.interval_s = 0.5  # noqa: F821
-c.GpuMem.fake_spec = {  # noqa: F821
+c.GpuMem.library_spec = {  # noqa: F821
     "driver_version": "550.54.15",
     "devices": [
         {
@@ -88,4 +86,4 @@ if _nvml_error:
             f"JUPYTER_GPUMEM_UI_NVML_ERROR={_nvml_error!r} is not a stand-in failure; "
             f"use one of {', '.join(sorted(ERROR_CODES))}"
         )
-    c.GpuMem.fake_spec = {**c.GpuMem.fake_spec, "init_error": _nvml_error}  # noqa: F821
+    c.GpuMem.library_spec = {**c.GpuMem.library_spec, "init_error": _nvml_error}  # noqa: F821

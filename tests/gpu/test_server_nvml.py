@@ -17,7 +17,7 @@ import pytest
 # is not (hooks only work from conftest files), so these tests drive the loop themselves.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
-from jupyter_gpumem.server.nvml import NvmlBackend
+from jupyter_gpumem.nvml.library import NvmlBackend
 
 pytestmark = pytest.mark.gpu
 API = ("jupyter-gpumem", "api")

@@ -16,7 +16,7 @@ pytest.importorskip("bqplot")
 SCRIPT = textwrap.dedent(
     """
     from IPython.core.interactiveshell import InteractiveShell
-    from jupyter_gpumem.server.fake import FakeNvml
+    from tests.support.nvml_fake import FakeNvml
     from jupyter_gpumem.widgets import monitor
 
     fake = FakeNvml.from_spec({"init_error": "driver_not_loaded", "devices": []})

@@ -10,7 +10,7 @@ import pytest
 # into this conftest scopes them to tests/server.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
-from jupyter_gpumem.server.fake import DEFAULT_SPEC
+from tests.support.nvml_fake import DEFAULT_SPEC
 
 
 @pytest.fixture
@@ -31,5 +31,10 @@ def jp_server_config(
 ) -> dict[str, Any]:
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_gpumem": True}},
-        "GpuMem": {"backend": "fake", "fake_spec": fake_spec, "interval_s": 0.25, **gpumem_config},
+        "GpuMem": {
+            "nvml_library": "tests.support.nvml_fake.FakeNvml",
+            "library_spec": fake_spec,
+            "interval_s": 0.25,
+            **gpumem_config,
+        },
     }

@@ -14,8 +14,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 import jupyter_gpumem
-from jupyter_gpumem.server.fake import DEFAULT_SPEC
-from jupyter_gpumem.server.sampler import THREAD_NAME
+from jupyter_gpumem.nvml.sampler import THREAD_NAME
+from jupyter_gpumem.server.handlers import SETTINGS_KEY
+from tests.support.nvml_fake import DEFAULT_SPEC
 
 API = ("jupyter-gpumem", "api")
 ROUTES = [
@@ -136,14 +137,14 @@ def no_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
 
 
-@pytest.mark.parametrize("gpumem_config", [{"backend": "nvml"}])
+@pytest.mark.parametrize("gpumem_config", [{"nvml_library": None}])
 async def test_missing_bindings_with_the_real_backend(no_pynvml: None, jp_fetch: Any) -> None:
     health = await get(jp_fetch, "health")
     assert health["nvml"] == {"available": False, "reason": "nvidia-ml-py not installed"}
 
 
 async def test_ten_concurrent_clients_share_one_sampler(jp_fetch: Any, jp_serverapp: Any) -> None:
-    sampler = jp_serverapp.web_app.settings["jupyter_gpumem"]["sampler"]
+    sampler = jp_serverapp.web_app.settings[SETTINGS_KEY]["sampler"]
     await get(jp_fetch, "sample")
     assert len(sampler_threads()) == 1
     start, passes = time.monotonic(), sampler.passes
@@ -164,10 +165,10 @@ async def test_unknown_kernel_is_404(jp_fetch: Any) -> None:
 
 
 async def test_server_cleanup_stops_the_sampler(jp_fetch: Any, jp_serverapp: Any) -> None:
-    state = jp_serverapp.web_app.settings["jupyter_gpumem"]
+    state = jp_serverapp.web_app.settings[SETTINGS_KEY]
     await get(jp_fetch, "sample")
-    assert state["fake"].initialized and len(sampler_threads()) == 1
+    assert state["library"].initialized and len(sampler_threads()) == 1
     await jp_serverapp.cleanup_extensions()
     assert not state["sampler"].thread.is_alive()
     assert sampler_threads() == []
-    assert not state["fake"].initialized  # NVML shut down
+    assert not state["library"].initialized  # NVML shut down

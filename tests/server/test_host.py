@@ -16,8 +16,8 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpumem.server import host
-from jupyter_gpumem.server.fake import DEFAULT_SPEC
 from jupyter_gpumem.server.host import kernel_host, meminfo, rss_bytes
+from tests.support.nvml_fake import DEFAULT_SPEC
 
 API = ("jupyter-gpumem", "api")
 NO_GPU = {**DEFAULT_SPEC, "init_error": "library_not_found"}

@@ -13,8 +13,10 @@ PROBE = """
 import sys
 import jupyter_gpumem
 import jupyter_gpumem.server
-from jupyter_gpumem.server import extension, fake, handlers, host, kernels, nvml, sampler
-from jupyter_gpumem.server.fake import FakeNvml
+from jupyter_gpumem.nvml import library as nvml
+from jupyter_gpumem.nvml import sampler
+from jupyter_gpumem.server import extension, handlers, host, kernels
+from tests.support.nvml_fake import FakeNvml
 FakeNvml.from_spec().backend(use_environment=False).read()  # the stand-in needs no pynvml
 nvml.NvmlBackend()  # constructing the real backend does not load NVML either
 print(sorted(m for m in ("torch", "pynvml") if m in sys.modules))
@@ -40,3 +42,20 @@ def test_probe_would_notice_pynvml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert result.stdout.strip() == "['pynvml']", result.stderr
+
+
+KERNEL_SIDE = """
+import sys
+from jupyter_gpumem.tracking.process import process_bytes
+from jupyter_gpumem.widgets import monitor
+process_bytes()  # NVML read as the kernel reads it for a report (empty without a GPU)
+print(sorted(m for m in ("jupyter_server", "tornado") if m in sys.modules))
+"""
+
+
+def test_the_kernels_nvml_readers_import_no_server() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", KERNEL_SIDE], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stderr

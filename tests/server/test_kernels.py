@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from jupyter_gpumem.nvml.readings import DeviceRecord, ProcessRecord, Sample
 from jupyter_gpumem.server import kernels
-from jupyter_gpumem.server.fake import FakeProcess
+from jupyter_gpumem.server.handlers import SETTINGS_KEY
 from jupyter_gpumem.server.kernels import descendants, match_processes
-from jupyter_gpumem.server.records import DeviceRecord, ProcessRecord, Sample
+from tests.support.nvml_fake import FakeProcess
 
 API = ("jupyter-gpumem", "api")
 KERNEL_ON_GPU = {
@@ -35,7 +36,7 @@ async def start_kernel(jp_fetch: Any, jp_serverapp: Any) -> tuple[str, int]:
 
 async def fresh_sample(jp_serverapp: Any) -> None:
     """Wait until the sampler has read NVML after this point."""
-    sampler = jp_serverapp.web_app.settings["jupyter_gpumem"]["sampler"]
+    sampler = jp_serverapp.web_app.settings[SETTINGS_KEY]["sampler"]
     passes = sampler.passes
     while sampler.passes < passes + 2:
         await asyncio.sleep(0.05)
@@ -62,7 +63,7 @@ async def test_kernel_found_by_pid(jp_fetch: Any, jp_serverapp: Any) -> None:
 @pytest.mark.parametrize("fake_spec", [{"devices": [{"name": "G0"}]}])
 async def test_kernel_not_on_gpu(jp_fetch: Any, jp_serverapp: Any) -> None:
     kernel_id, pid = await start_kernel(jp_fetch, jp_serverapp)
-    fake = jp_serverapp.web_app.settings["jupyter_gpumem"]["fake"]
+    fake = jp_serverapp.web_app.settings[SETTINGS_KEY]["library"]
     fake.devices[0].processes.append(FakeProcess(pid + 1_000_000, "someone else", 5))
     await fresh_sample(jp_serverapp)
     body = await processes(jp_fetch, kernel_id)

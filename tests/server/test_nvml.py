@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem.server.fake import DEFAULT_SPEC, FakeNvml
-from jupyter_gpumem.server.nvml import NvmlBackend, process_command
-from jupyter_gpumem.server.records import Reason, Sample
+from jupyter_gpumem.nvml.library import NvmlBackend, process_command
+from jupyter_gpumem.nvml.readings import Reason, Sample
+from tests.support.nvml_fake import DEFAULT_SPEC, FakeNvml
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sample.json"
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from jupyter_gpumem.nvml.readings import Reason, Sample
+from jupyter_gpumem.nvml.sampler import THREAD_NAME, Sampler
 from jupyter_gpumem.server.extension import GpuMem
-from jupyter_gpumem.server.fake import FakeNvml
-from jupyter_gpumem.server.records import Reason, Sample
-from jupyter_gpumem.server.sampler import THREAD_NAME, Sampler
+from tests.support.nvml_fake import FakeNvml
 
 
 def make(history_s: float = 600.0) -> tuple[Sampler, FakeNvml]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpumem.server.visibility import MigSlot, PhysicalGpu, VisibleDevice, visible_devices
+from jupyter_gpumem.nvml.visibility import MigSlot, PhysicalGpu, VisibleDevice, visible_devices
 
 A = "GPU-aaaa1111-0000-0000-0000-000000000000"
 B = "GPU-bbbb2222-0000-0000-0000-000000000000"

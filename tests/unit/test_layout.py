@@ -33,8 +33,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("widgets.",),
     ("frontend",),
     ("magic",),
-    ("", "__main__"),  # the package's entry points
     ("server.",),
+    ("", "__main__"),  # the package's entry points
 )
 
 

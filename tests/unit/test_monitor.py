@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("bqplot")
 
-from jupyter_gpumem.server.fake import FakeNvml
 from jupyter_gpumem.widgets.monitor import THREAD_NAME, GpuMonitor, show
+from tests.support.nvml_fake import FakeNvml
 
 GiB = 2**30
 SPEC: dict[str, Any] = {

@@ -5,7 +5,7 @@ the first sample is read. Every NVML error becomes a typed `Reason`, logged once
 and error; an unknown value is ``None`` with the reason in ``DeviceRecord.reasons``.
 
 `NvmlBackend` takes the library as a parameter: the real ``pynvml`` by default, or the
-stand-in in `jupyter_gpumem.server.fake` for tests.
+stand-in in `tests.support.nvml_fake` for tests.
 
 Known limitations:
     - Process ids are NVML's, i.e. the host's. Inside a container they do not match the
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from jupyter_gpumem.server.records import DeviceRecord, ProcessRecord, Reason, Sample
-from jupyter_gpumem.server.visibility import MigSlot, PhysicalGpu, visible_devices
+from jupyter_gpumem.nvml.readings import DeviceRecord, ProcessRecord, Reason, Sample
+from jupyter_gpumem.nvml.visibility import MigSlot, PhysicalGpu, visible_devices
 
 __all__ = ["NvmlBackend", "process_command", "reason_for_code"]
 

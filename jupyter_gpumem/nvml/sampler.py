@@ -1,7 +1,8 @@
-"""One background thread per server that reads NVML at a fixed interval into a ring buffer.
+"""A background thread that reads NVML at a fixed interval into a ring buffer.
 
-Handlers only read the latest sample or a copy of the history, so however many clients poll,
-NVML is read once per interval, and never on the event loop.
+The server runs one: its handlers only read the latest sample or a copy of the history, so
+however many clients poll, NVML is read once per interval, and never on the event loop. The
+kernel's `%gpumem monitor` widget runs its own, updating its gauges from ``on_sample``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from jupyter_gpumem.server.records import Reason, Sample
+from jupyter_gpumem.nvml.readings import Reason, Sample
 
 __all__ = ["MIN_INTERVAL_S", "Backend", "Sampler", "check_interval"]
 
@@ -55,8 +56,12 @@ class Sampler:
         history_s: float = 600.0,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.time,
+        on_sample: Callable[[Sample], None] | None = None,
+        thread_name: str = THREAD_NAME,
     ) -> None:
         self.interval_s = check_interval(interval_s)
+        self._on_sample = on_sample  # called on the sampling thread after each read
+        self._thread_name = thread_name
         if history_s < interval_s:
             raise ValueError(f"history of {history_s} s must cover at least one interval")
         self._backend = backend
@@ -85,7 +90,7 @@ class Sampler:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
-            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -117,12 +122,21 @@ class Sampler:
                 self.passes += 1
                 self.cpu_time_s = time.thread_time()
                 self._first.set()
+                if self._on_sample is not None and not self._stop.is_set():
+                    self._deliver(sample)
                 # Fixed-rate schedule: a slow pass shortens the next wait instead of drifting.
                 elapsed = time.monotonic() - start
                 self._stop.wait(self.interval_s - elapsed % self.interval_s)
         finally:
             self._backend.close()
             self._first.set()
+
+    def _deliver(self, sample: Sample) -> None:
+        assert self._on_sample is not None
+        try:
+            self._on_sample(sample)
+        except Exception:  # a failing listener must not end the sampling
+            self._log.exception("jupyter_gpumem sampler: on_sample failed")
 
     def latest(self) -> Sample | None:
         """The newest sample, or None before the first pass finished."""

@@ -2,8 +2,8 @@
 
 Not for production. Select it in a Jupyter Server config with::
 
-    c.GpuMem.backend = "fake"
-    c.GpuMem.fake_spec = {...}   # optional; DEFAULT_SPEC otherwise
+    c.GpuMem.nvml_library = "tests.support.nvml_fake.FakeNvml"
+    c.GpuMem.library_spec = {...}   # optional; DEFAULT_SPEC otherwise
 
 `FakeNvml` offers the subset of the ``pynvml`` API that `NvmlBackend` calls and raises
 `FakeNvmlError` carrying real NVML return codes, so the real backend's error mapping,
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpumem.server.nvml import NvmlBackend, process_command
+from jupyter_gpumem.nvml.library import NvmlBackend, process_command
 
 __all__ = ["DEFAULT_SPEC", "ERROR_CODES", "FIELDS", "FakeNvml", "FakeNvmlError"]
 
