@@ -6,8 +6,8 @@ the garbage collector) lives in `jupyter_gpumem.ipython_state`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
@@ -19,18 +19,33 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class LeakHint:
-    """Memory held for a fixable reason: what, how much, and what to do about it."""
+    """Memory held for a fixable reason: what, how much, and what to do about it.
+
+    The message is a template whose ``{name}`` fields are byte amounts, so that each front
+    end writes them in its own units; ``message`` writes them in binary units.
+    """
 
     kind: str  # one of KINDS
     bytes: int  # bytes held; for "growth", the typical growth per run
-    message: str
+    template: str  # the message, with {name} for each of `amounts`
     fix: str
     where: tuple[str, ...] = ()  # the holders, e.g. ("Out[3]", "_") or variable names
+    amounts: Mapping[str, int] = field(default_factory=dict)  # bytes, by template field
+
+    @property
+    def message(self) -> str:
+        return self.template.format_map({k: format_bytes(n) for k, n in self.amounts.items()})
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["where"] = list(self.where)
-        return out
+        return {
+            "kind": self.kind,
+            "bytes": self.bytes,
+            "message": self.message,
+            "template": self.template,
+            "amounts": dict(self.amounts),
+            "fix": self.fix,
+            "where": list(self.where),
+        }
 
 
 @dataclass(frozen=True)
@@ -63,8 +78,10 @@ class Freed:
 
 
 def _names(where: Sequence[str], limit: int = 4) -> str:
+    """The holders for a template: braces in names are escaped."""
     shown = ", ".join(where[:limit])
-    return shown + (f" and {len(where) - limit} more" if len(where) > limit else "")
+    shown += f" and {len(where) - limit} more" if len(where) > limit else ""
+    return shown.replace("{", "{{").replace("}", "}}")
 
 
 def output_cache_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
@@ -74,11 +91,12 @@ def output_cache_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
     return LeakHint(
         "output-cache",
         nbytes,
-        f"IPython's output cache holds {format_bytes(nbytes)} of tensors "
+        "IPython's output cache holds {bytes} of tensors "
         f"that nothing else references ({_names(where)}).",
         "Run `%gpumem free`, or end cells that return a tensor with a semicolon (`;`) so that "
         "the output is not cached.",
         tuple(where),
+        {"bytes": nbytes},
     )
 
 
@@ -89,10 +107,11 @@ def traceback_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
     return LeakHint(
         "traceback",
         nbytes,
-        f"The last error's traceback keeps {format_bytes(nbytes)} of tensors alive "
+        "The last error's traceback keeps {bytes} of tensors alive "
         f"in the locals of {_names(where)}.",
         "Run `%gpumem free` (it clears the stored traceback); `%debug` will then be unavailable.",
         tuple(where),
+        {"bytes": nbytes},
     )
 
 
@@ -104,11 +123,12 @@ def graph_hint(nbytes: int, where: Sequence[str]) -> LeakHint | None:
     return LeakHint(
         "autograd-graph",
         nbytes,
-        f"{_names(where)} {plural} autograd graph alive: about {format_bytes(nbytes)} of "
+        f"{_names(where)} {plural} autograd graph alive: about {{bytes}} of "
         "tensors saved for backward.",
         "Store `loss.item()` or `loss.detach()` instead (e.g. when logging losses), "
         "or `del` the variable once backward() is done.",
         tuple(where),
+        {"bytes": nbytes},
     )
 
 
@@ -119,11 +139,12 @@ def cycles_hint(nbytes: int, tensors: int) -> LeakHint | None:
     return LeakHint(
         "cycles",
         nbytes,
-        f"{format_bytes(nbytes)} in {tensors} tensor(s) is unreachable but not yet freed: "
+        f"{{bytes}} in {tensors} tensor(s) is unreachable but not yet freed: "
         "reference cycles hold it until the garbage collector runs.",
         "Run `import gc; gc.collect()` (or `%gpumem free`); to free it at once, break the "
         "cycle (e.g. an object, closure or hook that refers back to its owner).",
         (),
+        {"bytes": nbytes},
     )
 
 
@@ -164,10 +185,11 @@ def growth_hint(
     return LeakHint(
         "growth",
         typical,
-        f"{label} grows by {format_bytes(typical)} per run "
-        f"({format_bytes(total, signed=True)} over the last {len(steps) + 1} runs).",
+        f"{_names([label])} grows by {{bytes}} per run "
+        f"(+{{total}} over the last {len(steps) + 1} runs).",
         "Something the cell creates outlives it: a list or dict it appends to, or a stored "
         "tensor with its graph. Append `.item()`/`.detach()` values, or reset the container "
         "at the top of the cell.",
         (label,),
+        {"bytes": typical, "total": total},
     )

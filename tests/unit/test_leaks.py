@@ -64,11 +64,18 @@ def test_hints_name_their_holders_and_are_absent_when_nothing_is_held() -> None:
     assert out == LeakHint(
         "output-cache",
         4 * MiB,
-        "IPython's output cache holds 4.00 MiB of tensors that nothing else references "
+        "IPython's output cache holds {bytes} of tensors that nothing else references "
         "(Out[3], _).",
         out.fix if out else "",
         ("Out[3]", "_"),
+        {"bytes": 4 * MiB},
     )
+    assert out.message == (
+        "IPython's output cache holds 4.00 MiB of tensors that nothing else references "
+        "(Out[3], _)."
+    )
+    braces = graph_hint(MiB, ["d['{x}']"])
+    assert braces is not None and braces.message.startswith("d['{x}'] keeps its autograd graph")
     assert "%gpumem free" in out.fix  # type: ignore[union-attr]
     tb = traceback_hint(2 * MiB, ["forward() line 12"])
     assert tb is not None and "forward() line 12" in tb.message
@@ -86,11 +93,13 @@ def test_hints_name_their_holders_and_are_absent_when_nothing_is_held() -> None:
 
 
 def test_hint_to_dict_is_plain_json() -> None:
-    hint = LeakHint("traceback", 5, "m", "f", ("a",))
+    hint = LeakHint("traceback", 5, "m {bytes}", "f", ("a",), {"bytes": 5 * MiB})
     assert hint.to_dict() == {
         "kind": "traceback",
         "bytes": 5,
-        "message": "m",
+        "message": "m 5.00 MiB",
+        "template": "m {bytes}",
+        "amounts": {"bytes": 5 * MiB},
         "fix": "f",
         "where": ["a"],
     }
