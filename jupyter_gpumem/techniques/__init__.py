@@ -14,7 +14,12 @@ A training step with a configuration applied::
 from __future__ import annotations
 
 from jupyter_gpumem.techniques.applied import Applied, apply, apply_config
-from jupyter_gpumem.techniques.checkpointing import blocks, checkpoint_targets
+from jupyter_gpumem.techniques.checkpointing import (
+    BlockGroup,
+    block_groups,
+    blocks,
+    checkpoint_targets,
+)
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, OPTIMIZERS, PRECISIONS, Config
 
 __all__ = [
@@ -22,9 +27,11 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "Applied",
+    "BlockGroup",
     "Config",
     "apply",
     "apply_config",
+    "block_groups",
     "blocks",
     "checkpoint_targets",
 ]

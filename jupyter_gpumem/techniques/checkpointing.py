@@ -13,8 +13,8 @@ Known limitations:
   before applying, or ``torch.compile`` graphs built before applying) are not affected.
 - Device RNG state is saved for the devices of tensors in the call's arguments (keyword
   arguments included); randomness on a device that no argument lives on is not replayed.
-- "blocks" only looks for ``nn.ModuleList``; a model whose repeated blocks sit in an
-  ``nn.Sequential`` needs a regex or a list of names.
+- "blocks" finds modules that repeat by class; blocks that differ in class (a stack of
+  hand-written layers of different types) need a regex or a list of names.
 """
 
 from __future__ import annotations
@@ -32,24 +32,124 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, check_checkpoint_spec, check_every
 
 _BIG_REGION = 0.8  # share of the parameters above which one region saves next to nothing
+_FEW = 3  # a group with fewer members is a pair of towers rather than a stack of blocks
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """Modules of one class that repeat in a model: candidates for checkpointing one by one."""
+
+    kind: str  # the class name, e.g. "GPT2Block"
+    names: tuple[str, ...]  # qualified names, in module order
+    parameters: int  # parameters the group holds (shared ones counted once)
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def block_groups(model: nn.Module) -> list[BlockGroup]:
+    """Every repeated structure of ``model``, the largest (by parameters) first.
+
+    A group is either the children of one class in an ``nn.Sequential`` or ``nn.ModuleList``
+    (at least two, holding parameters), or every instance of one class that has submodules
+    and is neither a plain container nor inside another instance of itself (at least two):
+    so a ModuleList of blocks, a Sequential stack and a ResNet's Bottlenecks spread over
+    ``layer1..layer4`` are all found. Groups of three or more come before pairs (a T5's two
+    stacks are towers, its 24 blocks are the blocks); ties go to the outermost, then the first.
+    """
+    modules = dict(model.named_modules())
+    order = {name: i for i, name in enumerate(modules)}
+    found: dict[tuple[str, ...], str] = {}
+    for name, module in modules.items():
+        if type(module) not in (nn.Sequential, nn.ModuleList):
+            continue
+        prefix = f"{name}." if name else ""
+        by_kind: dict[type, list[str]] = {}
+        for child_name, child in module.named_children():
+            if any(True for _ in child.parameters()):
+                by_kind.setdefault(type(child), []).append(f"{prefix}{child_name}")
+        for kind, names in by_kind.items():
+            if len(names) > 1:
+                found.setdefault(tuple(names), kind.__name__)
+    instances: dict[type, list[str]] = {}
+    for name, module in modules.items():
+        if name and type(module) not in _CONTAINERS and any(True for _ in module.children()):
+            instances.setdefault(type(module), []).append(name)
+    for kind, names in instances.items():
+        outer = [n for n in names if not any(a in names for a in _ancestors(n))]
+        if len(outer) > 1:
+            found.setdefault(tuple(outer), kind.__name__)
+    groups = [
+        BlockGroup(kind, names, _parameters(modules[n] for n in names))
+        for names, kind in found.items()
+    ]
+    groups = [g for g in groups if g.parameters > 0]
+    return sorted(
+        groups,
+        key=lambda g: (
+            len(g.names) < _FEW,
+            -g.parameters,
+            min(n.count(".") for n in g.names),
+            order[g.names[0]],
+        ),
+    )
 
 
 def blocks(model: nn.Module) -> list[str]:
-    """Qualified names of the children of the model's largest ``nn.ModuleList`` (by parameters).
+    """Qualified names of the model's repeated blocks, in module order; ``[]`` when none repeat.
 
-    Ties go to the first list in module order; no ``nn.ModuleList`` gives ``[]``.
+    The largest group of :func:`block_groups`, joined by every other group of another class
+    that holds at least a quarter as many parameters and does not overlap it (the encoder and
+    decoder layers of an encoder-decoder model).
     """
-    best: tuple[str, nn.ModuleList] | None = None
-    best_count = -1
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module):
-            count = sum(p.numel() for p in module.parameters())
-            if count > best_count:
-                best, best_count = (name, module), count
-    if best is None:
+    groups = block_groups(model)
+    if not groups:
         return []
-    prefix = f"{best[0]}." if best[0] else ""
-    return [f"{prefix}{child}" for child, _ in best[1].named_children()]
+    best = groups[0]
+    chosen = list(best.names)
+    for group in groups[1:]:
+        if group.kind == best.kind or 4 * group.parameters < best.parameters:
+            continue
+        if not any(_overlap(a, b) for a in group.names for b in chosen):
+            chosen.extend(group.names)
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def no_blocks_message(model: nn.Module) -> str:
+    """Why 'blocks' found nothing, naming the largest modules to checkpoint instead."""
+    total = _parameters([model])
+    largest = sorted(
+        ((name, m) for name, m in model.named_modules() if name),
+        key=lambda item: -_parameters([item[1]]),
+    )
+    picked: list[str] = []
+    for name, m in largest:
+        if 0 < _parameters([m]) < total and not any(_overlap(name, p) for p in picked):
+            picked.append(name)
+    shown = [
+        f"{name!r} ({type(model.get_submodule(name)).__name__}, "
+        f"{_parameters([model.get_submodule(name)]):,} parameters)"
+        for name in picked[:3]
+    ]
+    where = f"; its largest modules are {', '.join(shown)}" if shown else ""
+    return (
+        f"'blocks' found no repeated blocks in {type(model).__name__} (no two modules of one "
+        f"class in an nn.Sequential or nn.ModuleList, no class with submodules used twice){where}."
+        f" Name the modules to checkpoint instead. {CHECKPOINT_HELP}"
+    )
+
+
+def _parameters(modules: Any) -> int:
+    seen: dict[int, int] = {}
+    for module in modules:
+        for p in module.parameters():
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
 
 
 def checkpoint_targets(model: nn.Module, spec: Any, every: int = 1) -> list[str]:
@@ -67,9 +167,7 @@ def checkpoint_targets(model: nn.Module, spec: Any, every: int = 1) -> list[str]
     if spec == "blocks":
         found = blocks(model)
         if not found:
-            raise ValueError(
-                f"'blocks' needs an nn.ModuleList in the model and found none. {CHECKPOINT_HELP}"
-            )
+            raise ValueError(no_blocks_message(model))
     elif isinstance(spec, str):
         pattern = re.compile(spec)
         found = [name for name in order if pattern.fullmatch(name)]
@@ -162,9 +260,10 @@ class Checkpointing:
 
 
 def region_warnings(model: nn.Module, targets: list[str]) -> list[str]:
-    """BatchNorm inside a region (running stats update twice) and regions too big to save."""
+    """BatchNorm inside regions (running stats update twice) and regions too big to save."""
     total = sum(p.numel() for p in model.parameters())
     out = []
+    with_norms: list[tuple[str, list[str]]] = []
     for name in targets:
         region = model.get_submodule(name)
         # _BatchNorm is the common base of BatchNorm1d/2d/3d, the lazy ones and SyncBatchNorm.
@@ -174,13 +273,7 @@ def region_warnings(model: nn.Module, targets: list[str]) -> list[str]:
             if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats
         ]
         if norms:
-            shown = ", ".join(repr(n) for n in norms[:3]) + (
-                f" and {len(norms) - 3} more" if len(norms) > 3 else ""
-            )
-            out.append(
-                f"BatchNorm {shown} inside checkpointed region {name!r}: in training their "
-                "running statistics update twice per step (forward and recompute)"
-            )
+            with_norms.append((name, norms))
         share = sum(p.numel() for p in region.parameters()) / total if total else 0.0
         if share > _BIG_REGION:
             out.append(
@@ -188,4 +281,19 @@ def region_warnings(model: nn.Module, targets: list[str]) -> list[str]:
                 "recomputes it whole, so the activation peak barely drops; checkpoint its "
                 "blocks instead (e.g. checkpoint='blocks')"
             )
+    twice = "in training their running statistics update twice per step (forward and recompute)"
+    if len(with_norms) == 1:
+        name, norms = with_norms[0]
+        out.insert(0, f"BatchNorm {_some(norms)} inside checkpointed region {name!r}: {twice}")
+    elif with_norms:
+        regions = [name for name, _ in with_norms]
+        out.insert(
+            0, f"BatchNorm inside {len(regions)} checkpointed regions ({_some(regions)}): {twice}"
+        )
     return out
+
+
+def _some(names: list[str]) -> str:
+    """The first three names quoted, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(repr(n) for n in names[:3]) + more

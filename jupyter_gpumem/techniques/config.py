@@ -17,7 +17,8 @@ OPTIMIZERS = (
     "lion",
 )
 CHECKPOINT_HELP = (
-    "checkpoint takes 'blocks' (every child of the model's largest nn.ModuleList), "
+    "checkpoint takes 'blocks' (the model's repeated blocks: same-class modules in an "
+    "nn.ModuleList or nn.Sequential, or used throughout the model like a ResNet's Bottlenecks), "
     "a regular expression matched against whole qualified module names "
     r"(e.g. r'transformer\.h\.\d+'), or a tuple of qualified module names "
     "(e.g. ('encoder.layer.0', 'encoder.layer.1')); every=n keeps every n-th target "

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from jupyter_gpumem.techniques import CHECKPOINT_HELP, apply, blocks, checkpoint_targets
+from jupyter_gpumem.techniques import (
+    CHECKPOINT_HELP,
+    apply,
+    block_groups,
+    blocks,
+    checkpoint_targets,
+)
 
 D = 16
 
@@ -244,13 +251,148 @@ def test_regex_matches_whole_names_and_keeps_the_outermost() -> None:
     assert checkpoint_targets(model, None) == []
 
 
-def test_blocks_is_the_largest_modulelist() -> None:
-    assert blocks(Toy(n=2)) == ["blocks.0", "blocks.1"]
+def test_blocks_of_a_modulelist() -> None:
+    assert blocks(Toy(n=2)) == ["blocks.0", "blocks.1"]  # not the one-head ModuleList
     root = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
     assert blocks(root) == ["0", "1"]
     assert blocks(nn.Sequential(nn.Linear(2, 2))) == []
-    with pytest.raises(ValueError, match=r"needs an nn\.ModuleList"):
-        checkpoint_targets(nn.Sequential(nn.Linear(2, 2)), "blocks")
+
+
+class Bottleneck(nn.Module):
+    """A ResNet block: convolutions, BatchNorm, a downsample branch in the first of a stage."""
+
+    def __init__(self, channels: int, down: bool = False) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.drop = nn.Dropout(0.1)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(channels, channels, 1, bias=False), nn.BatchNorm2d(channels))
+            if down
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = self.drop(self.bn2(self.conv2(h)))
+        skip = x if self.downsample is None else self.downsample(x)
+        return torch.relu(h + skip)
+
+
+class ResNetLike(nn.Module):
+    """Blocks spread over nested stages, as torchvision's ResNets have them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.layer1 = nn.Sequential(Bottleneck(8, down=True), Bottleneck(8))
+        self.layer2 = nn.Sequential(Bottleneck(8, down=True), Bottleneck(8), Bottleneck(8))
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layer2(self.layer1(torch.relu(self.bn1(self.conv1(x)))))
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+def _sequential_stack() -> nn.Sequential:
+    """Blocks as the children of an nn.Sequential, between an input and an output layer."""
+    return nn.Sequential(nn.Linear(D, D), *(Block() for _ in range(5)), nn.Linear(D, 3))
+
+
+@pytest.mark.parametrize(
+    ("make", "shape", "expected"),
+    [
+        (_sequential_stack, (8, D), [str(i) for i in range(1, 6)]),
+        (
+            ResNetLike,
+            (4, 3, 8, 8),
+            ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer2.2"],
+        ),
+        (lambda: Toy(n=6), (8, D), [f"blocks.{i}" for i in range(6)]),
+    ],
+    ids=["sequential", "resnet-like", "modulelist"],
+)
+def test_blocks_wherever_they_sit_checkpoint_bit_equal_and_revert_exactly(
+    make: Any, shape: tuple[int, ...], expected: list[str]
+) -> None:
+    torch.manual_seed(0)
+    model = make().train()
+    x = torch.randn(*shape)
+    assert blocks(model) == expected
+    before = snapshot(model)
+    out0, grads0 = run(model, x)
+    norms = [b.clone() for b in model.buffers()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        applied = apply(model, checkpoint="blocks")
+    assert [n for n, m in model.named_modules() if "forward" in m.__dict__] == expected
+    for buffer, saved in zip(model.buffers(), norms, strict=True):
+        buffer.copy_(saved)  # the same BatchNorm statistics for the second run
+    out1, grads1 = run(model, x)
+    assert torch.equal(out0, out1)
+    assert grads0.keys() == grads1.keys()
+    assert all(torch.equal(grads0[k], grads1[k]) for k in grads0)
+    if isinstance(model, ResNetLike):  # one warning for all the regions, not one per block
+        assert [str(w.message) for w in caught] == list(applied.warnings)
+        assert applied.warnings[0].startswith(
+            "BatchNorm inside 5 checkpointed regions ('layer1.0', 'layer1.1', 'layer2.0' and 2 more)"
+        )
+    else:
+        assert caught == []
+    applied.revert()
+    assert snapshot(model) == before
+
+
+def test_block_groups_prefer_stacks_to_towers_and_join_encoder_and_decoder() -> None:
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.ModuleList(Block() for _ in range(3))
+
+    class Towers(nn.Module):  # like T5: two stacks of one class, each holding its blocks
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.decoder = Stack(), Stack()
+            self.head = nn.Linear(D, 2)
+
+    names = [f"{side}.block.{i}" for side in ("encoder", "decoder") for i in range(3)]
+    assert blocks(Towers()) == names
+    groups = block_groups(Towers())
+    kinds = [(g.kind, len(g.names)) for g in groups]
+    # the towers hold more parameters, yet rank after the stack of blocks
+    assert kinds[0] == ("Block", 6) and ("Stack", 2) in kinds
+    transformer = nn.Transformer(
+        d_model=16,
+        nhead=2,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        dim_feedforward=32,
+        batch_first=True,
+    )
+    assert blocks(transformer) == [
+        "encoder.layers.0",
+        "encoder.layers.1",
+        "decoder.layers.0",
+        "decoder.layers.1",
+        "decoder.layers.2",
+    ]
+
+
+def test_no_repeated_blocks_names_the_largest_candidates() -> None:
+    model = nn.Sequential(
+        nn.Linear(4, 64), nn.Sequential(nn.Linear(64, 64), nn.ReLU()), nn.Conv1d(1, 2, 3)
+    )
+    assert blocks(model) == []
+    with pytest.raises(ValueError) as err:
+        checkpoint_targets(model, "blocks")
+    message = str(err.value)
+    assert message.startswith("'blocks' found no repeated blocks in Sequential")
+    assert "its largest modules are '1' (Sequential, 4,160 parameters), '0' (Linear, 320" in message
+    assert "'1.0'" not in message  # inside '1', already named
+    assert CHECKPOINT_HELP in message
 
 
 @pytest.mark.parametrize(
