@@ -85,12 +85,20 @@ class Sampler:
         """How many samples the history keeps."""
         return self._history.maxlen or 0
 
-    def start(self) -> None:
-        """Start the sampling thread unless it already runs (or was stopped)."""
+    def start(self, first: Sample | None = None) -> None:
+        """Start the sampling thread unless it already runs (or was stopped).
+
+        ``first`` is a sample the caller has just read: it is kept as the first one, and the
+        thread's first read waits one interval instead of repeating it.
+        """
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
-            self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+            if first is not None:
+                self._keep(first)
+            self._thread = threading.Thread(
+                target=self._run, args=(first is None,), name=self._thread_name, daemon=True
+            )
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -111,17 +119,23 @@ class Sampler:
             self._log.exception("jupyter_gpumem sampler: reading the backend failed")
             return Sample.unavailable(self._clock(), self.interval_s, Reason.INTERNAL)
 
-    def _run(self) -> None:
+    def _keep(self, sample: Sample) -> None:
+        """Append to the history; the caller holds the lock."""
+        self._history.append(sample)
+        self._latest = sample
+        self._first.set()
+
+    def _run(self, read_now: bool) -> None:
         start = time.monotonic()
         try:
+            if not read_now:
+                self._stop.wait(self.interval_s)
             while not self._stop.is_set():
                 sample = self._read()
                 with self._lock:
-                    self._history.append(sample)
-                    self._latest = sample
+                    self._keep(sample)
                 self.passes += 1
                 self.cpu_time_s = time.thread_time()
-                self._first.set()
                 if self._on_sample is not None and not self._stop.is_set():
                     self._deliver(sample)
                 # Fixed-rate schedule: a slow pass shortens the next wait instead of drifting.

@@ -5,8 +5,9 @@ Configuration (``jupyter_server_config.py``, or ``--GpuMem.interval_s=2`` on the
     c.GpuMem.interval_s = 1.0          # seconds between NVML reads, at least 0.25
     c.GpuMem.history_minutes = 10.0    # how much history the ring buffer keeps
     c.GpuMem.visible_devices = None    # a CUDA_VISIBLE_DEVICES value; None: the server's env
-    c.GpuMem.nvml_library = None       # tests only: a stand-in class for the NVML library,
-    c.GpuMem.library_spec = {...}      #   e.g. "tests.support.nvml_fake.FakeNvml", and its GPUs
+    c.GpuMem.backend_class = "..."     # tests only: a stand-in for NVML's NvmlBackend, e.g.
+                                       #   "tests.support.nvml_fake.FakeNvmlBackend"
+    c.GpuMem.fake_spec = {...}         # tests only: the stand-in's GPUs
 
 The extension is a jupyter_server ``ExtensionApp`` (`GpuMemApp`): the server calls its
 ``initialize_settings``/``initialize_handlers`` at start and ``stop_extension`` at shutdown.
@@ -15,12 +16,12 @@ The extension is a jupyter_server ``ExtensionApp`` (`GpuMemApp`): the server cal
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, TraitError, Unicode, validate
+from traitlets import Dict, Float, TraitError, Type, Unicode, validate
 from traitlets.config import LoggingConfigurable
-from traitlets.utils.importstring import import_item
 
 from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S, Sampler, check_interval
@@ -43,16 +44,18 @@ class GpuMem(LoggingConfigurable):
         help="A CUDA_VISIBLE_DEVICES value to number devices as kernels see them; "
         "None uses the server's environment.",
     ).tag(config=True)
-    nvml_library = Unicode(
-        None,
-        allow_none=True,
-        help="Tests only: the importable name of a class that stands in for the NVML library "
-        "(built with its from_spec(library_spec)); None reads the GPUs.",
+    backend_class = Type(
+        NvmlBackend,
+        klass=NvmlBackend,
+        help="The class that reads the GPUs: NvmlBackend (NVML). Any other class is a "
+        "stand-in for tests, built with spec=fake_spec and kernel_pids= (the running "
+        "kernels' pids) besides NvmlBackend's visible, use_environment and log.",
     ).tag(config=True)
-    library_spec = Dict(
+    fake_spec = Dict(
         None,
         allow_none=True,
-        help="Tests only: the stand-in's devices, processes and failures.",
+        help="Tests only: the devices, processes and failures of a stand-in backend_class; "
+        "None: the stand-in's default machine.",
     ).tag(config=True)
 
     @validate("interval_s")
@@ -69,21 +72,25 @@ class GpuMem(LoggingConfigurable):
             raise TraitError(f"GpuMem.history_minutes={minutes} must be > 0 and <= 1440")
         return float(minutes)
 
-    def make_backend(self, kernel_manager: Any = None) -> tuple[NvmlBackend, Any]:
-        """The configured backend, and the stand-in library when one is configured."""
-        environment = self.visible_devices is None
-        if self.nvml_library is None:
-            return NvmlBackend(
-                visible=self.visible_devices, use_environment=environment, log=self.log
-            ), None
-        library = import_item(self.nvml_library).from_spec(self.library_spec)
-        if kernel_manager is not None:
-            library.kernel_pids = lambda: running_kernel_pids(kernel_manager)
-        self.log.warning("jupyter_gpumem: showing STAND-IN GPUs (%s)", self.nvml_library)
-        backend = library.backend(
-            visible=self.visible_devices, use_environment=environment, log=self.log
-        )
-        return backend, library
+    def make_backend(self, kernel_pids: Callable[[], list[int]]) -> NvmlBackend:
+        """The configured backend; a stand-in also gets ``fake_spec`` and ``kernel_pids``."""
+        options: dict[str, Any] = {
+            "visible": self.visible_devices,
+            "use_environment": self.visible_devices is None,
+            "log": self.log,
+        }
+        if self.backend_class is NvmlBackend:
+            if self.fake_spec is not None:
+                self.log.warning(
+                    "jupyter_gpumem: c.GpuMem.fake_spec is ignored: it describes the GPUs of a "
+                    "stand-in backend_class, and backend_class is NvmlBackend (real NVML)"
+                )
+            return NvmlBackend(**options)
+        name = f"{self.backend_class.__module__}.{self.backend_class.__qualname__}"
+        self.log.warning("jupyter_gpumem: showing STAND-IN GPUs (%s)", name)
+        # A stand-in takes NvmlBackend's options and these two (see `backend_class`).
+        options.update(spec=self.fake_spec, kernel_pids=kernel_pids)
+        return self.backend_class(**options)
 
 
 class GpuMemApp(ExtensionApp):
@@ -102,7 +109,7 @@ class GpuMemApp(ExtensionApp):
         if SETTINGS_KEY in settings:
             return  # loaded already: still one sampler
         config = GpuMem(parent=self._server)
-        backend, library = config.make_backend(getattr(self._server, "kernel_manager", None))
+        backend = config.make_backend(lambda: running_kernel_pids(self._server.kernel_manager))
         sampler = Sampler(
             backend,
             interval_s=config.interval_s,
@@ -112,11 +119,11 @@ class GpuMemApp(ExtensionApp):
         settings[SETTINGS_KEY] = {
             "config": config,
             "sampler": sampler,
-            "library": library,
+            "backend": backend,
             "reported_pids": ReportedPids(),
         }
         sampler.start()
-        source = config.nvml_library or "NVML"
+        source = type(backend).__name__
         self.log.info("jupyter_gpumem: sampling %s every %s s", source, config.interval_s)
 
     def initialize_handlers(self) -> None:

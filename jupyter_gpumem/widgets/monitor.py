@@ -133,7 +133,7 @@ class GpuMonitor(widgets.VBox):
             on_sample=self._apply,
             thread_name=THREAD_NAME,
         )
-        self._sampler.start()
+        self._sampler.start(first)
 
     @staticmethod
     def _check_devices(sample: Sample, devices: Sequence[int] | None) -> set[int]:

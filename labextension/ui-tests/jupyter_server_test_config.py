@@ -55,9 +55,9 @@ c.LabServerApp.extra_labextensions_path = [  # noqa: F821
 
 XSS_COMMAND = "<img src=x onerror=alert(1)>"
 
-c.GpuMem.nvml_library = "tests.support.nvml_fake.FakeNvml"  # noqa: F821
+c.GpuMem.backend_class = "tests.support.nvml_fake.FakeNvmlBackend"  # noqa: F821
 c.GpuMem.interval_s = 0.5  # noqa: F821
-c.GpuMem.library_spec = {  # noqa: F821
+c.GpuMem.fake_spec = {  # noqa: F821
     "driver_version": "550.54.15",
     "devices": [
         {
@@ -70,7 +70,11 @@ c.GpuMem.library_spec = {  # noqa: F821
             "power_w": 412.61,
             "processes": [
                 {"pid": "kernels", "memory_bytes": 12 * GiB},
-                {"pid": 48211, "command": "python train.py --config gpt2.yaml", "memory_bytes": 18 * GiB},
+                {
+                    "pid": 48211,
+                    "command": "python train.py --config gpt2.yaml",
+                    "memory_bytes": 18 * GiB,
+                },
                 {"pid": 4242, "command": XSS_COMMAND, "memory_bytes": 1 * GiB},
             ],
         },
@@ -86,4 +90,4 @@ if _nvml_error:
             f"JUPYTER_GPUMEM_UI_NVML_ERROR={_nvml_error!r} is not a stand-in failure; "
             f"use one of {', '.join(sorted(ERROR_CODES))}"
         )
-    c.GpuMem.library_spec = {**c.GpuMem.library_spec, "init_error": _nvml_error}  # noqa: F821
+    c.GpuMem.fake_spec = {**c.GpuMem.fake_spec, "init_error": _nvml_error}  # noqa: F821

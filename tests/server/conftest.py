@@ -32,8 +32,8 @@ def jp_server_config(
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_gpumem": True}},
         "GpuMem": {
-            "nvml_library": "tests.support.nvml_fake.FakeNvml",
-            "library_spec": fake_spec,
+            "backend_class": "tests.support.nvml_fake.FakeNvmlBackend",
+            "fake_spec": fake_spec,
             "interval_s": 0.25,
             **gpumem_config,
         },

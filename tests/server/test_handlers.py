@@ -137,7 +137,10 @@ def no_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
 
 
-@pytest.mark.parametrize("gpumem_config", [{"nvml_library": None}])
+@pytest.mark.parametrize(
+    "gpumem_config",
+    [{"backend_class": "jupyter_gpumem.nvml.library.NvmlBackend", "fake_spec": None}],
+)
 async def test_missing_bindings_with_the_real_backend(no_pynvml: None, jp_fetch: Any) -> None:
     health = await get(jp_fetch, "health")
     assert health["nvml"] == {"available": False, "reason": "nvidia-ml-py not installed"}
@@ -167,8 +170,8 @@ async def test_unknown_kernel_is_404(jp_fetch: Any) -> None:
 async def test_server_cleanup_stops_the_sampler(jp_fetch: Any, jp_serverapp: Any) -> None:
     state = jp_serverapp.web_app.settings[SETTINGS_KEY]
     await get(jp_fetch, "sample")
-    assert state["library"].initialized and len(sampler_threads()) == 1
+    assert state["backend"].fake.initialized and len(sampler_threads()) == 1
     await jp_serverapp.cleanup_extensions()
     assert not state["sampler"].thread.is_alive()
     assert sampler_threads() == []
-    assert not state["library"].initialized  # NVML shut down
+    assert not state["backend"].fake.initialized  # NVML shut down

@@ -1,4 +1,6 @@
-"""Importing the package or the server extension pulls in neither torch nor pynvml."""
+"""Import directions at run time: the package and the server extension pull in neither torch
+nor pynvml, and the kernel's NVML readers (`jupyter_gpumem.nvml`, the report's process figures,
+the monitor widget) pull in neither jupyter_server nor tornado."""
 
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def test_probe_would_notice_pynvml() -> None:
 
 KERNEL_SIDE = """
 import sys
+import jupyter_gpumem.nvml
+from jupyter_gpumem.nvml import library, readings, sampler, visibility
 from jupyter_gpumem.tracking.process import process_bytes
 from jupyter_gpumem.widgets import monitor
 process_bytes()  # NVML read as the kernel reads it for a report (empty without a GPU)

@@ -63,7 +63,7 @@ async def test_kernel_found_by_pid(jp_fetch: Any, jp_serverapp: Any) -> None:
 @pytest.mark.parametrize("fake_spec", [{"devices": [{"name": "G0"}]}])
 async def test_kernel_not_on_gpu(jp_fetch: Any, jp_serverapp: Any) -> None:
     kernel_id, pid = await start_kernel(jp_fetch, jp_serverapp)
-    fake = jp_serverapp.web_app.settings[SETTINGS_KEY]["library"]
+    fake = jp_serverapp.web_app.settings[SETTINGS_KEY]["backend"].fake
     fake.devices[0].processes.append(FakeProcess(pid + 1_000_000, "someone else", 5))
     await fresh_sample(jp_serverapp)
     body = await processes(jp_fetch, kernel_id)

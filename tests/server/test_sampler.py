@@ -6,11 +6,13 @@ import threading
 import time
 
 import pytest
+from traitlets import TraitError
 
+from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.readings import Reason, Sample
 from jupyter_gpumem.nvml.sampler import THREAD_NAME, Sampler
 from jupyter_gpumem.server.extension import GpuMem
-from tests.support.nvml_fake import FakeNvml
+from tests.support.nvml_fake import FakeNvml, FakeNvmlBackend
 
 
 def make(history_s: float = 600.0) -> tuple[Sampler, FakeNvml]:
@@ -30,6 +32,22 @@ def test_interval_floor_is_refused_with_a_clear_message() -> None:
     assert GpuMem(interval_s=0.25).interval_s == 0.25
 
 
+def test_backend_class_is_a_backend_and_a_stand_in_gets_its_spec() -> None:
+    assert type(GpuMem().make_backend(list)) is NvmlBackend
+    with pytest.raises(TraitError, match="subclass of"):
+        GpuMem(backend_class="tests.support.nvml_fake.FakeNvml")  # the library, not a backend
+    config = GpuMem(
+        backend_class="tests.support.nvml_fake.FakeNvmlBackend",
+        fake_spec={"devices": [{"name": "G0", "processes": [{"pid": "kernels"}]}]},
+        visible_devices="0",
+    )
+    backend = config.make_backend(lambda: [4242])
+    assert isinstance(backend, FakeNvmlBackend)
+    (device,) = backend.read().devices
+    assert device.name == "G0" and [p.pid for p in device.processes] == [4242]
+    backend.close()
+
+
 def test_start_is_idempotent_and_stop_joins_and_closes() -> None:
     before = threads()
     sampler, fake = make()
@@ -43,6 +61,23 @@ def test_start_is_idempotent_and_stop_joins_and_closes() -> None:
     assert not fake.initialized  # NVML shut down by the sampler thread
     sampler.start()  # a stopped sampler stays stopped
     assert threads() == before
+
+
+def test_a_sample_the_caller_read_is_kept_and_the_next_read_waits_an_interval() -> None:
+    backend = FakeNvml.from_spec().backend(use_environment=False)
+    first = backend.read(0.25)
+    sampler = Sampler(backend, interval_s=0.25)
+    sampler.start(first)
+    try:
+        assert sampler.latest() is first and sampler.history() == [first]
+        deadline = time.monotonic() + 5
+        while sampler.passes < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    kept = sampler.history()
+    assert kept[0] is first and len(kept) >= 2
+    assert kept[1].time - first.time >= 0.2
 
 
 def test_history_is_bounded_and_filtered_by_since() -> None:

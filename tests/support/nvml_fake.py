@@ -1,9 +1,10 @@
 """An NVML stand-in for tests and UI tests: fake GPUs, processes and injectable failures.
 
-Not for production. Select it in a Jupyter Server config with::
+Not for production. Select it in a Jupyter Server config (with the repository root on
+``sys.path``) with::
 
-    c.GpuMem.nvml_library = "tests.support.nvml_fake.FakeNvml"
-    c.GpuMem.library_spec = {...}   # optional; DEFAULT_SPEC otherwise
+    c.GpuMem.backend_class = "tests.support.nvml_fake.FakeNvmlBackend"
+    c.GpuMem.fake_spec = {...}   # optional; DEFAULT_SPEC otherwise
 
 `FakeNvml` offers the subset of the ``pynvml`` API that `NvmlBackend` calls and raises
 `FakeNvmlError` carrying real NVML return codes, so the real backend's error mapping,
@@ -38,7 +39,7 @@ from typing import Any
 
 from jupyter_gpumem.nvml.library import NvmlBackend, process_command
 
-__all__ = ["DEFAULT_SPEC", "ERROR_CODES", "FIELDS", "FakeNvml", "FakeNvmlError"]
+__all__ = ["DEFAULT_SPEC", "ERROR_CODES", "FIELDS", "FakeNvml", "FakeNvmlBackend", "FakeNvmlError"]
 
 ERROR_CODES: dict[str, int] = {
     "not_supported": 3,
@@ -341,3 +342,22 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeDevice) -> list[_Result]:
         return self._processes(handle)
+
+
+class FakeNvmlBackend(NvmlBackend):
+    """The real backend over a stand-in built from ``spec``, for ``c.GpuMem.backend_class``.
+
+    ``kernel_pids`` gives the pids that a ``"kernels"`` process stands for; ``fake`` is the
+    stand-in, for tests to change what the next sample shows.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: Mapping[str, Any] | None = None,
+        kernel_pids: Callable[[], Sequence[int]] = list,
+        **options: Any,
+    ) -> None:
+        self.fake = FakeNvml.from_spec(spec)
+        self.fake.kernel_pids = kernel_pids
+        super().__init__(self.fake, command_of=self.fake.command_of, **options)
