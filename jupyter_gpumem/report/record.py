@@ -9,14 +9,14 @@ that wire format, the ``application/vnd.jupyter-gpumem.report+json`` output.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
 from jupyter_gpumem.analysis.leak_hints import LeakHint
-from jupyter_gpumem.analysis.timeline import Timeline
+from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
 from jupyter_gpumem.report.html import render_html
 from jupyter_gpumem.report.text import render_text
 from jupyter_gpumem.units import format_bytes
@@ -85,6 +85,9 @@ class Report:
     leak_hints: tuple[LeakHint, ...] = ()
     cell_key: str | None = None  # the same cell re-run has the same key (its name, or its source)
     main_device: str | None = None  # see `main_device`; None: decided from `devices` on reading
+    rank: int | None = None  # a worker process's report: its rank (start_processes' index)
+    pid: int | None = None
+    ranks: tuple[Report, ...] = ()  # the reports of the worker processes the cell started
     schema: int = SCHEMA
     extras: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -144,6 +147,12 @@ class Report:
         return self.main.oom if self.main else None
 
     @property
+    def worst_rank(self) -> Report | None:
+        """The rank with the highest peak allocated; ranks that reported no figure do not count."""
+        measured = [r for r in self.ranks if r.peak_allocated_bytes is not None]
+        return max(measured, key=lambda r: r.peak_allocated_bytes or 0, default=None)
+
+    @property
     def over_budget(self) -> bool:
         peak = self.peak_allocated_bytes
         return self.budget_bytes is not None and peak is not None and peak > self.budget_bytes
@@ -155,7 +164,7 @@ class Report:
             if f.name == "extras":
                 continue
             value = getattr(self, f.name)
-            if f.name in ("devices", "leak_hints"):
+            if f.name in ("devices", "leak_hints", "ranks"):
                 value = [d.to_dict() for d in value]
             elif f.name == "notes":
                 value = list(self.shown_notes())
@@ -164,6 +173,8 @@ class Report:
             out[f.name] = value
         out["main_device"] = self.device
         out["over_budget"] = self.over_budget
+        worst = self.worst_rank
+        out["worst_rank"] = None if worst is None else worst.rank
         out.update(self.extras)
         return json.loads(json.dumps(out))  # JSON-native: tuples become lists
 
@@ -197,6 +208,80 @@ def main_device(devices: Sequence[DeviceReport]) -> str | None:
     if not devices:
         return None
     return max(devices, key=lambda d: d.peak_allocated_bytes - d.allocated_before_bytes).device
+
+
+def report_from_dict(data: Mapping[str, Any]) -> Report:
+    """A report back from its wire format (a worker's report file, a saved report).
+
+    Fields this version does not know are left out, and so are structured fields it cannot
+    rebuild; what the wire format computes on reading (``over_budget``) is recomputed.
+    """
+    known = {f.name: f for f in fields(Report)}
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in known or name == "extras":
+            continue
+        if name == "devices":
+            values[name] = tuple(_device_from_dict(d) for d in value)
+        elif name == "leak_hints":
+            values[name] = tuple(_hint_from_dict(h) for h in value)
+        elif name == "ranks":
+            values[name] = tuple(report_from_dict(r) for r in value)
+        elif name in ("notes", "warnings"):
+            values[name] = tuple(str(v) for v in value)
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            values[name] = value
+    return Report(**values)
+
+
+def _device_from_dict(data: Mapping[str, Any]) -> DeviceReport:
+    known = {f.name for f in fields(DeviceReport)}
+    values = {k: v for k, v in data.items() if k in known}
+    timeline = data.get("timeline")
+    if timeline is not None:
+        values["timeline"] = Timeline(
+            t_s=tuple(timeline["t_s"]),
+            allocated_bytes=tuple(timeline["allocated_bytes"]),
+            reserved_bytes=tuple(timeline["reserved_bytes"]),
+            bands=tuple(PhaseBand(**b) for b in timeline["bands"]),
+            peak_t_s=timeline["peak_t_s"],
+            peak_bytes=timeline["peak_bytes"],
+        )
+    values["tensors"] = tuple(_tensor_from_dict(t) for t in data.get("tensors", ()))
+    oom = data.get("oom")
+    if oom is not None:
+        values["oom"] = OomInfo(
+            requested_bytes=oom["requested_bytes"],
+            breakdown=dict(oom["breakdown"]),
+            dominant=oom["dominant"],
+            advice=oom["advice"],
+            largest=tuple(_tensor_from_dict(t) for t in oom["largest"]),
+        )
+    return DeviceReport(**values)
+
+
+def _tensor_from_dict(data: Mapping[str, Any]) -> TensorRecord:
+    shape = data.get("shape")
+    return TensorRecord(
+        name=data.get("name"),
+        shape=None if shape is None else tuple(shape),
+        dtype=data.get("dtype"),
+        nbytes=data["nbytes"],
+        device=data["device"],
+        line=data.get("line"),
+        alive=data["alive"],
+    )
+
+
+def _hint_from_dict(data: Mapping[str, Any]) -> LeakHint:
+    return LeakHint(
+        kind=data["kind"],
+        bytes=data["bytes"],
+        template=data["template"],
+        fix=data["fix"],
+        where=tuple(data.get("where", ())),
+        amounts=dict(data.get("amounts", {})),
+    )
 
 
 def status_of(error: BaseException | None) -> str:
