@@ -11,26 +11,48 @@ The `%%gpumem` magic, trials and tests all measure through it::
 A failure in our code never reaches the measured block: recording and analysis
 failures become a warning and a missing report, and the block's own exception
 passes through unchanged.
+
+Worker processes the block starts through ``torch.multiprocessing`` (``start_processes``,
+``spawn``, accelerate's ``notebook_launcher``) measure themselves with ``measure_rank``;
+their reports are the report's ``ranks`` (see :mod:`jupyter_gpumem.rank_reports`).
+``record`` measures a block of a script, one report file per rank.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from jupyter_gpumem import report_log
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
 from jupyter_gpumem.analysis.peaks import replay_window
+from jupyter_gpumem.rank_reports import (
+    RankCollection,
+    current_rank,
+    inherited_namespace,
+    rank_path,
+    with_ranks,
+)
 from jupyter_gpumem.report.build import build_report
 from jupyter_gpumem.report.record import DeviceReport, Report
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS
 from jupyter_gpumem.tracking.process import process_bytes
+from jupyter_gpumem.tracking.ranks import (
+    RANKS_DIR_ENV,
+    RankFinish,
+    recording_started,
+    recording_stopped,
+    write_json,
+    write_report,
+)
 from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
 
-__all__ = ["MeasureOptions", "Measurement", "collect", "measure"]
+__all__ = ["MeasureOptions", "Measurement", "collect", "measure", "measure_rank", "record"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,7 @@ class MeasureOptions:
     snapshot_path: str | None = None
     detail_steps: int | None = DETAIL_STEPS  # None: the whole block in detail
     log: bool = True  # keep the report in the kernel's report log
+    ranks: bool = True  # collect the reports of the worker processes the block starts
 
     def recording(self) -> RecordOptions:
         return RecordOptions(
@@ -77,14 +100,28 @@ class Measurement:
         self.cell_key = cell_key  # the same cell re-run has the same key
         self.report: Report | None = None
         self._recorder = Recorder(options.recording(), namespace, digest=replay_window)
+        self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
+        self._token: int | None = None
 
     def start(self) -> None:
+        if self._ranks is not None and not self._ranks.start():
+            self._ranks = None  # an outer block collects the workers' reports
+        self._token = recording_started(self._abandon)
         self._recorder.start()
+
+    def _abandon(self) -> None:
+        """In a forked worker: stop this copy of the kernel's recording, keeping nothing."""
+        self._recorder.stop(None)
 
     def finish(self, error: BaseException | None, *, analyse: bool = True) -> Report | None:
         """Stop recording; the report (kept in the log), or None if not analysed or ours failed."""
         try:
-            recording = self._recorder.stop(error)
+            try:
+                recording = self._recorder.stop(error)
+            finally:
+                if self._token is not None:
+                    recording_stopped(self._token)
+                ranks, rank_notes = self._ranks.finish() if self._ranks is not None else ((), ())
             if not analyse:
                 return None
             opts = self.options
@@ -100,6 +137,7 @@ class Measurement:
                 cell_key=self.cell_key,
                 leak_hints=self._leak_hints,
             )
+            self.report = with_ranks(self.report, ranks, rank_notes)
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
             return None
@@ -158,3 +196,72 @@ def collect() -> Iterator[list[Report]]:
         yield made
     finally:
         _SINKS.remove(made)
+
+
+def measure_rank(rank: int) -> RankFinish:
+    """Start a worker process's own measurement; called in the worker by ``RankWorker``.
+
+    A forked worker names tensors after the kernel's namespace, which it inherited.
+    """
+    options = MeasureOptions(name=f"rank {rank}", log=False, ranks=False)
+    measurement = Measurement(options, inherited_namespace())
+    measurement.start()
+
+    def finish(error: BaseException | None, failure: str | None) -> Mapping[str, Any] | None:
+        report = measurement.finish(None if failure is not None else error)
+        if report is None:
+            return None
+        if failure is not None:  # the user's exception, as the traceback torch passes on ends
+            kind = failure.split(":", 1)[0].rsplit(".", 1)[-1]
+            status = "oom" if kind == "OutOfMemoryError" else "error"
+            report = replace(report, status=status, error=failure)
+        return replace(report, rank=rank, pid=os.getpid()).to_dict()
+
+    return finish
+
+
+@contextmanager
+def record(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    name: str | None = None,
+    namespace: Mapping[str, Any] | None = None,
+) -> Iterator[Measurement]:
+    """Measure the ``with`` block of a script; each rank writes its report to its own file.
+
+    ``record("run.json")`` writes ``run.rank<N>.json``, N being the rank (torch.distributed's
+    when it is up at the end of the block, else torchrun's ``RANK``, else 0). Without a path,
+    inside a `%%gpumem` cell (``!torchrun train.py``), the file goes to the cell's rank folder
+    and the cell's report shows it.
+    """
+    folder = os.environ.get(RANKS_DIR_ENV)
+    if path is None and folder is None:
+        raise ValueError(
+            "record() needs a file to write, e.g. record('run.json'), unless it runs under a "
+            "%%gpumem cell"
+        )
+    if path is not None and not Path(path).parent.is_dir():
+        raise ValueError(f"record({os.fspath(path)!r}): its folder does not exist")
+    measurement = Measurement(MeasureOptions(name=name, log=False, ranks=False), namespace)
+    measurement.start()
+    error: BaseException | None = None
+    try:
+        yield measurement
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        report = measurement.finish(error)
+        del error  # its frames hold the block's tensors
+        if report is not None:
+            rank = current_rank()
+            report = replace(report, name=name or f"rank {rank}", rank=rank, pid=os.getpid())
+            measurement.report = report
+            try:
+                if path is not None:
+                    write_json(rank_path(path, rank), report.to_dict())
+                else:
+                    assert folder is not None
+                    write_report(folder, rank, report.to_dict())
+            except OSError as exc:
+                warnings.warn(f"jupyter_gpumem could not write the report: {exc!r}", stacklevel=3)

@@ -26,7 +26,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("report.html",),
     ("report.record",),
     ("report.build", "report"),
-    ("ipython_state", "report_log"),
+    ("ipython_state", "report_log", "rank_reports"),
     ("session",),
     ("tuner.",),
     ("cell_options", "cell_run"),
