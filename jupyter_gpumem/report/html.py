@@ -12,8 +12,12 @@ from typing import TYPE_CHECKING
 from jupyter_gpumem.report.svg import timeline_svg
 from jupyter_gpumem.report.text import (
     CODE,
+    RANK_HEADS,
     freed_lines,
     peak_lines,
+    rank_cells,
+    rank_failures,
+    rank_heading,
     rows,
     shape,
     short,
@@ -64,6 +68,7 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
         parts.extend(f'<pre style="margin:.4em 0">{esc(line)}</pre>' for line in freed)
     if timeline and r.timeline is not None and len(r.timeline.t_s) > 1:
         parts.append(timeline_svg(r.timeline, title=r.name or ""))
+    parts.append(_ranks_html(r, style))
     parts.extend(
         f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in warnings(r)
     )
@@ -108,3 +113,34 @@ def _alive_html(d: DeviceReport, style: str) -> str:
         f'<table class="jp-gpumem-tensors" style="{style}"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _ranks_html(r: Report, style: str) -> str:
+    """The worker processes' table, the worst rank's row marked and in bold."""
+    if not r.ranks:
+        return ""
+    esc = html.escape
+    cell = "padding:0 .8em 0 0;white-space:nowrap;text-align:left"
+    num = f"{cell};text-align:right"
+    aligns = [num, num, cell, num, num, cell, cell]
+    worst = r.worst_rank
+    head = "".join(f'<th style="{a}">{h}</th>' for h, a in zip(RANK_HEADS, aligns, strict=True))
+    body = []
+    for rank in r.ranks:
+        marked = rank is worst
+        attrs = ' class="jp-gpumem-worst-rank" style="font-weight:bold"' if marked else ""
+        tds = "".join(
+            f'<td style="{a}">{esc(v)}{" ◀ worst" if marked and i == 0 else ""}</td>'
+            for i, (v, a) in enumerate(zip(rank_cells(rank), aligns, strict=True))
+        )
+        body.append(f"<tr{attrs}>{tds}</tr>")
+    parts = [
+        f'<div style="margin:.6em 0 .2em">Ranks: {esc(rank_heading(r).replace(" (*)", ""))}</div>',
+        f'<table class="jp-gpumem-ranks" style="{style}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>",
+    ]
+    if worst is not None and worst.main is not None and (details := peak_lines(worst.main)):
+        details[0] = f"rank {worst.rank} {details[0]}"
+        parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
+    parts.extend(f"<p>{esc(line)}</p>" for line in rank_failures(r))
+    return "".join(parts)

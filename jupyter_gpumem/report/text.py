@@ -63,6 +63,7 @@ def render_text(r: Report) -> str:
     main = r.main
     if main is not None:
         lines.extend(detail_lines(main))
+    lines.extend(rank_lines(r))
     lines.extend(f"warning: {w}" for w in warnings(r))
     lines.extend(f"leak: {plain(h.message)} Fix: {plain(h.fix)}" for h in r.leak_hints)
     lines.extend(f"note: {n}" for n in r.shown_notes())
@@ -155,4 +156,80 @@ def freed_lines(d: DeviceReport) -> list[str]:
         lines.append(
             f"largest freed: {format_bytes(biggest.nbytes)} from {biggest.line or 'an unknown line'}"
         )
+    return lines
+
+
+RANK_HEADS = ("rank", "pid", "device", "peak allocated", "peak reserved", "phase", "at the peak")
+_RIGHT = {0, 1, 3, 4}  # columns aligned right: the numbers
+
+
+def rank_heading(r: Report) -> str:
+    """What the rank table is, and which rank is worst."""
+    n = len(r.ranks)
+    line = f"{n} worker process{'es' if n != 1 else ''}"
+    worst = r.worst_rank
+    if worst is not None and worst.main is not None:
+        line += (
+            f"; the worst (*) is rank {worst.rank}, peak "
+            f"{format_bytes(worst.main.peak_allocated_bytes)} on {worst.main.device}"
+        )
+    return line
+
+
+def rank_cells(rank: Report) -> tuple[str, ...]:
+    """One rank's row: what the table shows of it, or how it ended where it has no figures."""
+    main = rank.main
+    label = "?" if rank.rank is None else str(rank.rank)
+    pid = "?" if rank.pid is None else str(rank.pid)
+    if main is None:
+        return (label, pid, "-", "-", "-", "-", rank.error or rank.status)
+    phase = where(main).strip(" ()") or "-"
+    return (
+        label,
+        pid,
+        main.device,
+        format_bytes(main.peak_allocated_bytes),
+        format_bytes(main.peak_reserved_bytes),
+        phase,
+        top_categories(main),
+    )
+
+
+def top_categories(d: DeviceReport, n: int = 3) -> str:
+    """The largest parts of the peak, ``activations 48%, temporary 27%, ...``."""
+    if not d.breakdown:
+        return "no breakdown"
+    total = max(1, d.peak_allocated_bytes)
+    parts = sorted(((k, v) for k, v in d.breakdown.items() if v), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k.replace('_', ' ')} {100 * v / total:.0f}%" for k, v in parts)
+
+
+def rank_failures(r: Report) -> list[str]:
+    """The ranks that failed and reported figures: their error (rows without figures say it)."""
+    return [
+        f"rank {rank.rank} (pid {rank.pid}) failed: {rank.error}"
+        for rank in r.ranks
+        if rank.main is not None and rank.status != "ok" and rank.error
+    ]
+
+
+def rank_lines(r: Report) -> list[str]:
+    """The ranks as a table, the worst marked; its breakdown at the peak; failures."""
+    if not r.ranks:
+        return []
+    worst = r.worst_rank
+    rows = [RANK_HEADS, *(rank_cells(rank) for rank in r.ranks)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RANK_HEADS) - 1)]
+    marks = [" ", *("*" if rank is worst else " " for rank in r.ranks)]
+    lines = [f"ranks: {rank_heading(r)}"]
+    for mark, row in zip(marks, rows, strict=True):
+        cells = [
+            cell.rjust(width) if i in _RIGHT else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        lines.append(f"{mark} " + "  ".join([*cells, row[-1]]).rstrip())
+    if worst is not None and worst.main is not None and worst.main.breakdown:
+        lines.append(f"rank {worst.rank} {peak_lines(worst.main)[0]}")
+        lines.extend(peak_lines(worst.main)[1:])
+    lines.extend(rank_failures(r))
     return lines
