@@ -11,7 +11,18 @@ happens in between:
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
 paused: ``pause()`` removes every hook and ``resume()`` installs them again.
 
+Sharded training (FSDP2 ``fully_shard``, tensor parallel) keeps parameters, gradients and
+optimizer state as DTensors, whose memory is their local shard: a traceable wrapper
+subclass is tagged by the plain tensors inside it (``__tensor_flatten__``), so each rank
+counts its own shards. FSDP2 assigns the sharded gradients after its reduce-scatter rather
+than accumulating them, so gradients are also tagged from the optimizer's parameters just
+before each step. A parameter that autograd saves for backward is not an activation: the
+unsharded parameters FSDP2 all-gathers for a forward stay out of "activations" (they are
+freed within the step, so they count as temporary).
+
 Known limitations:
+- Communication buffers (all-gather and reduce-scatter outputs, NCCL's own) have no
+  category of their own; they count as temporary or unattributed.
 - Tags are keyed by storage address and time; a storage created outside these
   hooks (e.g. a cache kept by a library) stays untagged.
 - Activations saved by custom autograd Functions that bypass ``save_for_backward``
@@ -145,7 +156,8 @@ class Tagger:
             self._mark("other")
 
     def _pack(self, t: Any) -> Any:
-        self._tag(t, "activations", _now_us())
+        if not isinstance(t, self.torch.nn.Parameter):
+            self._tag(t, "activations", _now_us())
         # Detached: keeping a saved output itself would tie it to its own grad_fn in a cycle
         # that no collector can break when backward never runs. Autograd restores grad_fn.
         return t.detach()
@@ -165,6 +177,10 @@ class Tagger:
     # added or removed at a step boundary: the owner keeps one pair for the whole cell and
     # calls these while the tagger is active.
     def optimizer_step_pre(self, optimizer: Any) -> None:
+        now = _now_us()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self._tag(p.grad, "gradients", now)
         self._mark("optimizer")
 
     def optimizer_step_post(self, optimizer: Any) -> None:
@@ -193,6 +209,11 @@ class Tagger:
 
     def _tag(self, value: Any, category: str, now: int) -> None:
         if not isinstance(value, self.torch.Tensor):
+            return
+        flatten = getattr(type(value), "__tensor_flatten__", None)
+        if flatten is not None:  # DTensor and other wrappers: their memory is what they wrap
+            for name in flatten(value)[0]:
+                self._tag(getattr(value, name, None), category, now)
             return
         try:
             storage = value.untyped_storage()
