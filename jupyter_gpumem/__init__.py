@@ -14,6 +14,8 @@ __all__ = [
     "__version__",
     "history",
     "load_ipython_extension",
+    "load_reports",
+    "record",
     "set_history_limit",
     "track",
     "tune",
@@ -21,9 +23,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable
+    from contextlib import AbstractContextManager
+
     import pandas as pd
     from IPython.core.interactiveshell import InteractiveShell
 
+    from jupyter_gpumem.report.record import Report
+    from jupyter_gpumem.session import Measurement
     from jupyter_gpumem.widgets.tuner import Tuner
 
 
@@ -63,6 +71,27 @@ def track(obj: Any, name: str | None = None) -> Any:
     from jupyter_gpumem.tracking.namespace import track as _track
 
     return _track(obj, name)
+
+
+def record(
+    path: str | os.PathLike[str] | None = None, *, name: str | None = None
+) -> AbstractContextManager[Measurement]:
+    """``with jupyter_gpumem.record("run.json"):`` measures a block of a script (``torchrun``).
+
+    Each rank writes its report to its own file, ``run.rank<N>.json``; ``load_reports``
+    shows them in a notebook. Under a `%%gpumem` cell the path may be left out: the files
+    then go to the cell's report.
+    """
+    from jupyter_gpumem.session import record as _record
+
+    return _record(path, name=name)
+
+
+def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Report:
+    """The reports that ``record`` wrote as one multi-rank report (a file, glob, folder or list)."""
+    from jupyter_gpumem.rank_reports import load_reports as _load
+
+    return _load(paths)
 
 
 def tune(
