@@ -289,3 +289,48 @@ def test_a_plain_fork_after_a_measured_one_still_works(ranks_shell: InteractiveS
     ).success
     assert ranks_shell.run_cell("mp.start_processes(killed, nprocs=1, start_method='fork')").success
     _untouched()
+
+
+FSDP = """
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+
+def sharded(rank, world):
+    store = "file://" + os.path.join(TMP, "store")
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 255), nn.GELU(), nn.Linear(255, 512), nn.Linear(512, 8))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    local = lambda t: t._local_tensor.untyped_storage()
+    shards = {local(p).data_ptr(): local(p).nbytes() for p in model.parameters()}
+    state = sum(local(v).nbytes() for s in opt.state.values() for v in s.values() if v.dim())
+    with open(os.path.join(TMP, f"shard-{rank}.json"), "w") as f:
+        json.dump({"shard": sum(shards.values()), "state": state}, f)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_fsdp2_ranks_count_their_own_shards(ranks_shell: InteractiveShell, tmp_path: Path) -> None:
+    if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
+        pytest.skip("needs FSDP2 (fully_shard)")
+    assert ranks_shell.run_cell(FSDP).success
+    result = ranks_shell.run_cell(
+        "%%gpumem -o r\nmp.start_processes(sharded, args=(2,), nprocs=2, start_method='fork')"
+    )
+    assert result.success, result.error_in_exec
+    r = ranks_shell.user_ns["r"]
+    assert [k.rank for k in r.ranks] == [0, 1]
+    for k in r.ranks:
+        own = json.loads((tmp_path / f"shard-{k.rank}.json").read_text())
+        assert k.breakdown["parameters"] == own["shard"]  # the padded local shards, no more
+        assert k.breakdown["optimizer_state"] >= own["state"]  # exp_avg, exp_avg_sq (and steps)
