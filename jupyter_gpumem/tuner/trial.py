@@ -37,6 +37,7 @@ from jupyter_gpumem.session import Measurement, MeasureOptions
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Applied, Config
+    from jupyter_gpumem.tuner.plan import Plan
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -203,6 +204,19 @@ class Trial:
             import torch
 
             torch.cuda.synchronize(self.device)
+
+    def plan(
+        self,
+        budget: int | str,
+        techniques: Sequence[str] = ("checkpoint", "precision", "optimizer"),
+    ) -> Plan:
+        """The configuration with the least predicted step time that fits ``budget``.
+
+        See :mod:`jupyter_gpumem.tuner.plan`; ``plan.verify()`` measures it.
+        """
+        from jupyter_gpumem.tuner.plan import plan
+
+        return plan(self, budget, techniques)
 
     @contextmanager
     def _preserved(self) -> Iterator[None]:

@@ -1,0 +1,646 @@
+"""A memory plan for a budget: which blocks to checkpoint, which precision and optimizer.
+
+``Trial.plan(budget)`` measures a few runs, profiles the blocks, and returns the :class:`Plan`
+with the least predicted step time whose predicted peak fits; ``plan.verify()`` measures it::
+
+    plan = trial.plan("12GiB", techniques=("checkpoint",))
+    plan.checkpoint, plan.predicted_peak_bytes, plan.reasoning
+    plan.verify().measured_peak_bytes
+
+What is measured (each with the trial's warm-up and steps, through the same recorder as
+`%%gpumem`), and kept on the trial for later plans:
+
+- the model as it is, under each precision allowed, and with each optimizer allowed;
+- every block checkpointed, under each precision that needs checkpointing to fit;
+- one profiled step per such precision: per block, the activation bytes that checkpointing
+  it frees and its forward time (:mod:`jupyter_gpumem.tuner.profile`).
+
+The checkpointed blocks come from an exact solver over a calibrated peak model
+(:mod:`jupyter_gpumem.tuner.solver`), one per precision and optimizer. An optimizer's effect
+is taken as measured with the model's own precision, its state scaled by the parameters'
+size under the other precisions. Step times within ``TIE`` of the least count as equal, and
+then the plan that changes fewer things wins: a technique is not switched for noise.
+``SAFETY`` of the budget is kept free for what the model does not see.
+
+Known limitations:
+
+- Blocks are checkpointed whole; candidates are the model's repeated blocks ("blocks").
+- The model of the peak assumes blocks run one after another, each once per step.
+- Measurements are kept per Trial and batch; build a new Trial after changing the model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques.optimizers import optimizer_name
+from jupyter_gpumem.techniques.precision import precision_name
+from jupyter_gpumem.tuner.profile import StepProfile, profile_step
+from jupyter_gpumem.tuner.solver import BlockCost, PeakModel, calibrated, solve
+from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
+
+__all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
+
+TECHNIQUES = ("checkpoint", "precision", "optimizer")
+TIE = 0.02  # step times within 2% of the least count as equal
+SAFETY = 0.01  # share of the budget kept free for what the model does not see
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Plan:
+    """A configuration for a budget, its prediction, and (after ``verify()``) its measurement."""
+
+    budget_bytes: int
+    checkpoint: tuple[str, ...]  # module names to checkpoint, in module order
+    precision: str | None  # one of PRECISIONS; None: as it is
+    optimizer: str | None  # one of OPTIMIZERS; None: the trial's own
+    predicted_peak_bytes: int | None
+    predicted_step_s: float | None
+    reasoning: tuple[str, ...]
+    fits: bool  # predicted to fit
+    blocks: tuple[str, ...] = ()  # the candidates
+    measured_peak_bytes: int | None = None
+    measured_step_s: float | None = None
+    result: TrialResult | None = field(default=None, repr=False, compare=False)
+    baseline: TrialResult | None = field(default=None, repr=False, compare=False)
+    trial: Trial | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def config(self) -> Config:
+        """The plan as a Config, for ``apply_config``, ``Trial.run`` or ``Tuner.set``."""
+        return Config(
+            checkpoint=self.checkpoint or None, precision=self.precision, optimizer=self.optimizer
+        )
+
+    @property
+    def measured_fits(self) -> bool | None:
+        """Whether the measured peak fits the budget; None before ``verify()``."""
+        if self.result is None:
+            return None
+        peak = self.measured_peak_bytes
+        return self.result.status == "ok" and peak is not None and peak <= self.budget_bytes
+
+    def verify(self) -> Plan:
+        """Measure the plan with its Trial; fills ``measured_peak_bytes`` and ``measured_step_s``."""
+        if self.trial is None:
+            raise RuntimeError("this plan has no Trial to verify it with")
+        result = self.trial.run(self.config)
+        self.result = result
+        self.measured_peak_bytes = result.peak_allocated_bytes
+        self.measured_step_s = result.step_s
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain numbers and strings (JSON-native): the plan, its prediction and measurement."""
+        out = {
+            "budget_bytes": self.budget_bytes,
+            "checkpoint": list(self.checkpoint),
+            "blocks": list(self.blocks),
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "configuration": str(self.config),
+            "fits": self.fits,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_step_s": self.predicted_step_s,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_step_s": self.measured_step_s,
+            "measured_fits": self.measured_fits,
+            "measured_status": None if self.result is None else self.result.status,
+            "measured_error": None if self.result is None else self.result.error,
+            "reasoning": list(self.reasoning),
+        }
+        base = self.baseline
+        if base is not None:
+            out["baseline_peak_bytes"] = base.peak_allocated_bytes
+            out["baseline_step_s"] = base.step_s
+        return json.loads(json.dumps(out))
+
+    def __str__(self) -> str:
+        return "\n".join(self.reasoning)
+
+
+# -- what was measured, kept per trial --------------------------------------------------------
+@dataclass
+class _Store:
+    key: tuple[Any, ...]
+    results: dict[Config, TrialResult] = field(default_factory=dict)
+    profiles: dict[str | None, StepProfile] = field(default_factory=dict)
+
+
+_STORES: weakref.WeakKeyDictionary[Trial, _Store] = weakref.WeakKeyDictionary()
+
+
+def _store(trial: Trial, candidates: tuple[str, ...]) -> _Store:
+    key = (id(trial.batch), candidates, trial.warmup, trial.steps, id(trial.optimizer))
+    store = _STORES.get(trial)
+    if store is None or store.key != key:
+        store = _STORES[trial] = _Store(key)
+    return store
+
+
+def _measure(trial: Trial, store: _Store, configs: list[Config], progress: Progress) -> None:
+    missing = [c for c in dict.fromkeys(configs) if c not in store.results]
+    if not missing:
+        return
+    if Config() in store.results:
+        for config in missing:  # compare() would measure the baseline again
+            progress(f"measuring {config}")
+            store.results[config] = trial.run(config)
+        return
+    progress(f"measuring {len(missing)} configuration(s)")
+    for result in trial.compare(missing):
+        store.results.setdefault(result.config, result)
+
+
+def _profile(
+    trial: Trial,
+    store: _Store,
+    candidates: tuple[str, ...],
+    precision: str | None,
+    progress: Progress,
+) -> StepProfile:
+    if precision not in store.profiles:
+        progress(f"profiling the blocks ({precision or 'as is'})")
+        store.profiles[precision] = profile_step(trial, candidates, Config(precision=precision))
+    return store.profiles[precision]
+
+
+# -- planning ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Option:
+    """One precision and optimizer, with what it is predicted to do."""
+
+    precision: str | None
+    optimizer: str | None
+    chosen: tuple[str, ...]
+    peak_bytes: int
+    step_s: float
+    fits: bool
+
+    @property
+    def changes(self) -> int:
+        return (self.precision is not None) + (self.optimizer is not None)
+
+
+def plan(
+    trial: Trial,
+    budget: int | str,
+    techniques: Sequence[str] = TECHNIQUES,
+    *,
+    headroom_bytes: int = 0,
+    progress: Progress | None = None,
+) -> Plan:
+    """The configuration with the least predicted step time whose predicted peak fits ``budget``.
+
+    ``techniques`` names what the plan may change: "checkpoint", "precision", "optimizer".
+    ``headroom_bytes`` is kept free on top of ``SAFETY`` (``fit_plan`` sets it after a
+    verification that came out over). ``progress`` is called with a line before each run.
+    """
+    budget_bytes = _budget(budget)
+    allowed = _techniques(techniques)
+    say = progress or (lambda _: None)
+    model = trial.model
+    lines = [f"Budget: {format_bytes(budget_bytes)}."]
+    candidates: tuple[str, ...] = ()
+    if "checkpoint" in allowed:
+        candidates = tuple(blocks(model))
+        if not candidates:
+            lines.append("The model has no repeated blocks, so nothing is checkpointed.")
+    precisions: list[str | None] = [None]
+    if "precision" in allowed:
+        now = precision_name(model)
+        precisions += [p for p in PRECISIONS if p != now]  # "fp32" of an fp32 model is as is
+    optimizers: list[str | None] = [None]
+    if "optimizer" in allowed:
+        now = optimizer_name(trial.optimizer)
+        optimizers += [o for o in OPTIMIZERS if o != now]
+    store = _store(trial, candidates)
+
+    first = [Config(precision=p) for p in precisions] + [Config(optimizer=o) for o in optimizers]
+    if candidates:
+        first.append(Config(checkpoint=candidates))
+    _measure(trial, store, first, say)
+    results = store.results
+    base = results[Config()]
+    reserve = round(SAFETY * budget_bytes) + max(0, headroom_bytes)
+    limit = budget_bytes - reserve
+    left_out: list[str] = []
+    precisions = [
+        p for p in precisions if _usable(results[Config(precision=p)], f"Precision {p}", left_out)
+    ]
+    optimizers = [
+        o for o in optimizers if _usable(results[Config(optimizer=o)], f"Optimizer {o}", left_out)
+    ]
+    if not _ok(base):
+        lines.append(f"The model as it is could not be measured: {_why(base)}.")
+        lines.extend(left_out)
+        return Plan(budget_bytes, (), None, None, None, None, tuple(lines), False, candidates,
+                    baseline=base, trial=trial)  # fmt: skip
+
+    # Checkpointing data for the precisions that cannot fit without it.
+    least = min(_shift(results, None, o)[0] for o in optimizers)
+    need = [
+        p
+        for p in precisions
+        if candidates and _peak(results[Config(precision=p)]) + _scaled(results, p, least) > limit
+    ]
+    _measure(trial, store, [Config(checkpoint=candidates, precision=p) for p in need], say)
+    models: dict[str | None, tuple[PeakModel, StepProfile]] = {}
+    for p in need:
+        found = _profile(trial, store, candidates, p, say)
+        anchor = results[Config(checkpoint=candidates, precision=p)]
+        where = f"Checkpointing under {p or 'the precision as it is'}: left out"
+        if found.result is not None and not _ok(found.result):
+            left_out.append(f"{where}, profiling {_why(found.result)}.")
+        elif not _ok(anchor):
+            left_out.append(f"{where}, all blocks checkpointed {_why(anchor)}.")
+        elif found.blocks:
+            models[p] = (_model(found, results[Config(precision=p)], anchor), found)
+
+    # Pick; where the pick's precision and optimizer were only estimated together, measure
+    # them together and pick again (at most a few times: each round measures one more pair).
+    for _ in range(4):
+        options = [
+            _option(results, models, p, o, limit, model)
+            for p in precisions
+            for o in optimizers
+            if _together(results, p, o) is not False
+        ]
+        chosen, tie_note = _pick(options)
+        pair = Config(precision=chosen.precision, optimizer=chosen.optimizer)
+        if chosen.precision is None or chosen.optimizer is None or pair in results:
+            break
+        _measure(trial, store, [pair], say)
+    if chosen.precision in models:
+        peak_model, found = models[chosen.precision]
+        anchor = results[Config(checkpoint=candidates, precision=chosen.precision)]
+        base_p = results[Config(precision=chosen.precision)]
+        lines.extend(_profile_lines(found, peak_model, base_p, anchor, chosen.precision))
+    lines.extend(_choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
+    if chosen.chosen and chosen.precision in models:
+        lines.extend(_fewer_line(models[chosen.precision][0], chosen, limit))
+    if tie_note:
+        lines.append(tie_note)
+    if chosen.optimizer is not None:
+        lines.append(_optimizer_note(chosen.optimizer, optimizer_name(trial.optimizer)))
+    lines.extend(left_out)
+    return Plan(
+        budget_bytes,
+        chosen.chosen,
+        chosen.precision,
+        chosen.optimizer,
+        chosen.peak_bytes,
+        chosen.step_s,
+        tuple(lines),
+        chosen.fits,
+        candidates,
+        baseline=base,
+        trial=trial,
+    )
+
+
+def _usable(r: TrialResult, what: str, left_out: list[str]) -> bool:
+    if _ok(r):
+        return True
+    left_out.append(f"{what}: left out, {_why(r)}.")
+    return False
+
+
+def _together(results: dict[Config, TrialResult], p: str | None, o: str | None) -> bool | None:
+    """Whether precision ``p`` with optimizer ``o`` ran; None where they were not measured together."""
+    r = results.get(Config(precision=p, optimizer=o))
+    return None if r is None else _ok(r)
+
+
+def _shift(results: dict[Config, TrialResult], p: str | None, o: str | None) -> tuple[int, float]:
+    """Bytes and seconds that optimizer ``o`` adds under precision ``p``: measured, else estimated."""
+    base = results[Config(precision=p)]
+    pair = results.get(Config(precision=p, optimizer=o))
+    if pair is not None and _ok(pair):
+        return _peak(pair) - _peak(base), _step(pair) - _step(base)
+    alone, plain = results[Config(optimizer=o)], results[Config()]
+    return _scaled(results, p, _peak(alone) - _peak(plain)), _step(alone) - _step(plain)
+
+
+def _scaled(results: dict[Config, TrialResult], p: str | None, nbytes: int) -> int:
+    """Optimizer-state bytes measured as the model is, under precision ``p``: scaled by the
+    parameters' size (pure bf16 halves them)."""
+    base = results[Config()].breakdown or {}
+    other = results[Config(precision=p)].breakdown or {}
+    if not base.get("parameters") or not other.get("parameters"):
+        return nbytes
+    return round(nbytes * other["parameters"] / base["parameters"])
+
+
+def _option(
+    results: dict[Config, TrialResult],
+    models: dict[str | None, tuple[PeakModel, StepProfile]],
+    p: str | None,
+    o: str | None,
+    limit: int,
+    model: Any,
+) -> _Option:
+    extra_bytes, extra_s = _shift(results, p, o)
+    if p not in models:
+        r = results[Config(precision=p)]
+        peak, step = _peak(r) + extra_bytes, _step(r) + extra_s
+        return _Option(p, o, (), peak, step, peak <= limit)
+    peak_model = models[p][0]
+    choice = solve(peak_model, limit - extra_bytes)
+    everything = tuple(j for j, b in enumerate(peak_model.blocks) if b.saving_bytes > 0)
+    chosen = choice.chosen if choice is not None else everything
+    names = _in_order(model, [peak_model.blocks[j].name for j in chosen])
+    peak = peak_model.peak(chosen) + extra_bytes
+    return _Option(p, o, names, peak, peak_model.step_s(chosen) + extra_s, peak <= limit)
+
+
+def fit_plan(
+    trial: Trial,
+    budget: int | str,
+    techniques: Sequence[str] = TECHNIQUES,
+    *,
+    attempts: int = 3,
+    progress: Progress | None = None,
+) -> Plan:
+    """``plan()`` then ``verify()``; a plan measured over the budget is planned again.
+
+    The next attempt keeps free what the measurement exceeded the budget by (and what it
+    exceeded the prediction by), so each attempt is at least as cautious as the last. The
+    returned plan is verified; its reasoning says how each attempt went.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    budget_bytes = _budget(budget)
+    say = progress or (lambda _: None)
+    headroom = 0
+    history: list[str] = []
+    result: Plan | None = None
+    for attempt in range(1, attempts + 1):
+        result = plan(trial, budget_bytes, techniques, headroom_bytes=headroom, progress=progress)
+        if not result.fits:
+            break
+        say(f"verifying the plan: {result.config}")
+        result.verify()
+        measured = result.measured_peak_bytes
+        if result.measured_fits or measured is None or result.predicted_peak_bytes is None:
+            break
+        over = measured - budget_bytes
+        missed = measured - result.predicted_peak_bytes
+        history.append(
+            f"Attempt {attempt}: {result.config} measured {format_bytes(measured)}, "
+            f"{format_bytes(over)} over the budget (predicted {format_bytes(result.predicted_peak_bytes)})."
+        )
+        headroom += max(over, missed, 1)
+    assert result is not None
+    if history:
+        if result.measured_fits:
+            history.append(f"Planned again with {format_bytes(headroom)} more kept free.")
+        result.reasoning = (*result.reasoning, *history)
+    if result.result is not None:
+        result.reasoning = (*result.reasoning, _verified_line(result))
+    return result
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _budget(budget: int | str) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
+        raise TypeError(f"budget must be bytes (int) or a size such as '12GiB', got {budget!r}")
+    value = parse_size(budget) if isinstance(budget, str) else budget
+    if value <= 0:
+        raise ValueError(f"budget must be greater than zero bytes, got {budget!r}")
+    return value
+
+
+def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(techniques, str):
+        techniques = (techniques,)
+    unknown = [t for t in techniques if t not in TECHNIQUES]
+    if unknown or not techniques:
+        raise ValueError(
+            f"techniques must name some of {', '.join(TECHNIQUES)}; got {tuple(techniques)!r}"
+        )
+    return tuple(techniques)
+
+
+def _ok(r: TrialResult) -> bool:
+    return r.status == "ok" and r.peak_allocated_bytes is not None and r.step_s is not None
+
+
+def _peak(r: TrialResult) -> int:
+    assert r.peak_allocated_bytes is not None
+    return r.peak_allocated_bytes
+
+
+def _step(r: TrialResult) -> float:
+    assert r.step_s is not None
+    return r.step_s
+
+
+def _why(r: TrialResult) -> str:
+    if r.status == "oom":
+        return "it ran out of memory"
+    if r.status != "ok":
+        return f"it failed ({r.error})"
+    return "it has no measurement"
+
+
+def _model(profile: StepProfile, base: TrialResult, anchor: TrialResult) -> PeakModel:
+    # Blocks alike (same bytes) cost alike: their median forward time, so that noise between
+    # them does not decide which ones are checkpointed, and ties go to the earlier ones.
+    alike: dict[tuple[int, int], list[float]] = {}
+    for b in profile.blocks:
+        alike.setdefault((b.saved_bytes, b.saving_bytes), []).append(b.forward_s)
+    costs = [
+        BlockCost(
+            b.name,
+            b.saving_bytes,
+            b.saved_bytes,
+            b.grad_bytes,
+            statistics.median(alike[(b.saved_bytes, b.saving_bytes)]),
+            b.output_bytes,
+        )
+        for b in profile.blocks
+    ]
+    model, _, _ = calibrated(
+        costs,
+        base_peak_bytes=_peak(base),
+        base_step_s=_step(base),
+        all_peak_bytes=_peak(anchor),
+        all_step_s=_step(anchor),
+    )
+    return model
+
+
+def _in_order(model: Any, names: Sequence[str]) -> tuple[str, ...]:
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return tuple(sorted(names, key=order.__getitem__))
+
+
+def _pick(options: list[_Option]) -> tuple[_Option, str | None]:
+    """The fitting option of least step time, fewer changes winning within TIE; else the lowest peak."""
+    fitting = [o for o in options if o.fits]
+    if not fitting:
+        return min(options, key=lambda o: (o.peak_bytes, o.step_s)), None
+    fastest = min(fitting, key=lambda o: (o.step_s, o.changes, len(o.chosen)))
+    tied = [o for o in fitting if o.step_s <= fastest.step_s * (1 + TIE)]
+    best = min(tied, key=lambda o: (o.changes, o.step_s, len(o.chosen)))
+    if best is fastest:
+        return best, None
+    return best, (
+        f"{_label(fastest)} is predicted {format_seconds(best.step_s - fastest.step_s)} faster, "
+        f"within {TIE:.0%}: the plan that changes less is kept."
+    )
+
+
+def _label(o: _Option) -> str:
+    return str(Config(checkpoint=o.chosen or None, precision=o.precision, optimizer=o.optimizer))
+
+
+def _names(chosen: Sequence[str], candidates: Sequence[str]) -> str:
+    """``h.0-h.4`` style runs of consecutive candidates."""
+    index = {name: i for i, name in enumerate(candidates)}
+    runs: list[list[str]] = []
+    for name in chosen:
+        if runs and index.get(name, -2) == index.get(runs[-1][-1], -9) + 1:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _profile_lines(
+    profile: StepProfile,
+    model: PeakModel,
+    base: TrialResult,
+    anchor: TrialResult,
+    precision: str | None,
+) -> list[str]:
+    n = len(profile.blocks)
+    under = f" under {precision}" if precision else ""
+    savings = [b.saving_bytes for b in model.blocks]
+    recompute = statistics.median(b.recompute_s for b in model.blocks)
+    forward = statistics.median(b.forward_s for b in profile.blocks)
+    spread = (
+        f" (from {format_bytes(min(savings))} to {format_bytes(max(savings))})"
+        if min(savings) != max(savings)
+        else ""
+    )
+    lines = [
+        f"Measured{under}: with nothing checkpointed, the peak is {format_bytes(_peak(base))} at "
+        f"{format_seconds(_step(base))} a step; with all {n} blocks checkpointed, "
+        f"{format_bytes(_peak(anchor))} at {format_seconds(_step(anchor))}.",
+        f"Profiled step: checkpointing a block frees {format_bytes(round(statistics.median(savings)))}"
+        f"{spread} and recomputing it costs about {format_seconds(recompute)} (its forward "
+        f"took {format_seconds(forward)} in the profiled step).",
+    ]
+    if profile.unused:
+        lines.append(f"Not run in the step, so left out: {', '.join(profile.unused)}.")
+    lines.append(
+        f"Solver: exact search over the subsets of the {n} blocks, a knapsack taken in block "
+        "order that keeps only the choices no other beats in both bytes freed and time; the "
+        "peak is the higher of the start of backward and each block's backward, where a "
+        "checkpointed block's activations come back."
+    )
+    return lines
+
+
+def _fewer_line(model: PeakModel, o: _Option, limit: int) -> list[str]:
+    """Why not fewer blocks: the plan without its cheapest-to-drop block."""
+    index = {b.name: j for j, b in enumerate(model.blocks)}
+    chosen = [index[n] for n in o.chosen if n in index]
+    if not chosen:
+        return []
+    drop = min(chosen, key=lambda j: (model.blocks[j].saving_bytes, -j))
+    rest = [j for j in chosen if j != drop]
+    peak = model.peak(rest) + (o.peak_bytes - model.peak(chosen))
+    if peak <= limit:
+        return []
+    return [
+        f"No faster set of blocks is predicted to fit: without {model.blocks[drop].name}, the "
+        f"peak would be {format_bytes(peak)}."
+    ]
+
+
+_SAME_UPDATE = {frozenset({"adamw", "adamw-fused"})}
+
+
+def _optimizer_note(new: str, old: str | None) -> str:
+    if old is not None and frozenset({new, old}) in _SAME_UPDATE:
+        return f"{new} runs the same update as your {old}, in a fused kernel."
+    return (
+        f"Note: {new} replaces your {old or 'optimizer'}; its updates differ, so check the "
+        "training curve."
+    )
+
+
+def _choice_lines(
+    o: _Option,
+    options: list[_Option],
+    base: TrialResult,
+    budget_bytes: int,
+    reserve: int,
+    candidates: Sequence[str],
+) -> list[str]:
+    lines = []
+    if len({(x.precision, x.optimizer) for x in options}) > 1:
+        lines.append(
+            f"Compared {len(options)} combinations of precision and optimizer, each with its "
+            "own blocks to checkpoint."
+        )
+    what = []
+    if o.chosen:
+        what.append(
+            f"checkpoint {len(o.chosen)} of {len(candidates)} blocks ({_names(o.chosen, candidates)})"
+        )
+    what.append(f"precision {o.precision or 'as it is'}")
+    what.append(f"optimizer {o.optimizer or 'as it is'}")
+    cost = ""
+    if _ok(base) and _step(base) > 0:
+        cost = f" ({100 * (o.step_s - _step(base)) / _step(base):+.0f}% against as it is)"
+    head = "Plan" if o.fits else "Nothing fits; the lowest predicted peak is"
+    lines.append(
+        f"{head}: {', '.join(what)}: predicted peak {format_bytes(o.peak_bytes)} at "
+        f"{format_seconds(o.step_s)} a step{cost}."
+    )
+    if o.fits:
+        lines.append(
+            f"That leaves {format_bytes(budget_bytes - o.peak_bytes)} of the budget, "
+            f"{format_bytes(reserve)} of it kept free for what the prediction does not see."
+        )
+    else:
+        lines.append(
+            f"It is {format_bytes(o.peak_bytes - budget_bytes + reserve)} over what the budget "
+            "allows: shrink the batch, or allow more techniques."
+        )
+    if not o.chosen and o.fits and o.changes == 0:
+        lines.append("As it is, the model fits: nothing needs to change.")
+    others = sorted(
+        (x for x in options if x.fits and x != o and x.optimizer == o.optimizer),
+        key=lambda x: x.step_s,
+    )
+    for x in others[:4]:
+        lines.append(
+            f"  also fits: {_label(x)}: {format_bytes(x.peak_bytes)} at {format_seconds(x.step_s)}."
+        )
+    return lines
+
+
+def _verified_line(p: Plan) -> str:
+    r = p.result
+    assert r is not None
+    if r.status != "ok":
+        return f"Verified by a measured run: it {_why(r)}."
+    fits = "fits" if p.measured_fits else "does not fit"
+    return (
+        f"Verified by a measured run: peak {format_bytes(p.measured_peak_bytes)} (predicted "
+        f"{format_bytes(p.predicted_peak_bytes)}), {format_seconds(p.measured_step_s)} a step "
+        f"(predicted {format_seconds(p.predicted_step_s)}); it {fits} the budget."
+    )
