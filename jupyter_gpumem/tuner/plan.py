@@ -51,6 +51,7 @@ __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
 TECHNIQUES = ("checkpoint", "precision", "optimizer")
 TIE = 0.02  # step times within 2% of the least count as equal
 SAFETY = 0.01  # share of the budget kept free for what the model does not see
+PAIR_ROUNDS = 3  # precision-and-optimizer pairs measured together before the final pick
 Progress = Callable[[str], None]
 
 
@@ -234,10 +235,14 @@ def plan(
     limit = budget_bytes - reserve
     left_out: list[str] = []
     precisions = [
-        p for p in precisions if _usable(results[Config(precision=p)], f"Precision {p}", left_out)
+        p
+        for p in precisions
+        if p is None or _usable(results[Config(precision=p)], f"Precision {p}", left_out)
     ]
     optimizers = [
-        o for o in optimizers if _usable(results[Config(optimizer=o)], f"Optimizer {o}", left_out)
+        o
+        for o in optimizers
+        if o is None or _usable(results[Config(optimizer=o)], f"Optimizer {o}", left_out)
     ]
     if not _ok(base):
         lines.append(f"The model as it is could not be measured: {_why(base)}.")
@@ -267,7 +272,7 @@ def plan(
 
     # Pick; where the pick's precision and optimizer were only estimated together, measure
     # them together and pick again (at most a few times: each round measures one more pair).
-    for _ in range(4):
+    for rounds_left in range(PAIR_ROUNDS, -1, -1):
         options = [
             _option(results, models, p, o, limit, model)
             for p in precisions
@@ -276,7 +281,9 @@ def plan(
         ]
         chosen, tie_note = _pick(options)
         pair = Config(precision=chosen.precision, optimizer=chosen.optimizer)
-        if chosen.precision is None or chosen.optimizer is None or pair in results:
+        if not rounds_left or chosen.precision is None or chosen.optimizer is None:
+            break
+        if pair in results:
             break
         _measure(trial, store, [pair], say)
     if chosen.precision in models:
