@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from jupyter_gpumem.analysis.breakdown import TensorRecord
 from jupyter_gpumem.analysis.leak_hints import graph_hint
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.rank_reports import _silent
+from jupyter_gpumem.rank_reports import _silent, load_reports
 from jupyter_gpumem.report.record import MIME_TYPE, DeviceReport, Report, report_from_dict
 
 GiB, MiB = 2**30, 2**20
@@ -104,3 +105,16 @@ def test_unknown_fields_are_left_out_when_reading() -> None:
     wire["from_a_later_version"] = {"x": 1}
     wire["devices"][0]["also_new"] = 3
     assert report_from_dict(wire) == replace(_rank(0, GiB, 0), main_device="cuda:0")
+
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "report_two_ranks.json"
+
+
+def test_the_two_rank_fixture_from_the_gpu_machine_reads_back_whole() -> None:
+    wire = json.loads(FIXTURE.read_text())
+    r = report_from_dict(wire)
+    assert r.to_dict() == wire
+    assert [(k.rank, k.device) for k in r.ranks] == [(0, "cuda:0"), (1, "cuda:1")]
+    assert r.worst_rank is r.ranks[1] and wire["worst_rank"] == 1
+    assert "*    1" in str(r) and "jp-gpumem-worst-rank" in r._repr_mimebundle_()["text/html"]
+    assert load_reports(FIXTURE).ranks[0].ranks == r.ranks  # a saved cell report loads too
