@@ -42,6 +42,19 @@ from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.profile import StepProfile, profile_step
+from jupyter_gpumem.tuner.reasoning import (
+    Option,
+    choice_lines,
+    fewer_line,
+    label,
+    ok,
+    optimizer_note,
+    peak_of,
+    profile_lines,
+    step_of,
+    verified_line,
+    why,
+)
 from jupyter_gpumem.tuner.solver import BlockCost, PeakModel, calibrated, solve
 from jupyter_gpumem.tuner.trial import Trial, TrialResult
 from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
@@ -175,22 +188,6 @@ def _profile(
 
 
 # -- planning ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Option:
-    """One precision and optimizer, with what it is predicted to do."""
-
-    precision: str | None
-    optimizer: str | None
-    chosen: tuple[str, ...]
-    peak_bytes: int
-    step_s: float
-    fits: bool
-
-    @property
-    def changes(self) -> int:
-        return (self.precision is not None) + (self.optimizer is not None)
-
-
 def plan(
     trial: Trial,
     budget: int | str,
@@ -244,8 +241,8 @@ def plan(
         for o in optimizers
         if o is None or _usable(results[Config(optimizer=o)], f"Optimizer {o}", left_out)
     ]
-    if not _ok(base):
-        lines.append(f"The model as it is could not be measured: {_why(base)}.")
+    if not ok(base):
+        lines.append(f"The model as it is could not be measured: {why(base)}.")
         lines.extend(left_out)
         return Plan(budget_bytes, (), None, None, None, None, tuple(lines), False, candidates,
                     baseline=base, trial=trial)  # fmt: skip
@@ -255,7 +252,7 @@ def plan(
     need = [
         p
         for p in precisions
-        if candidates and _peak(results[Config(precision=p)]) + _scaled(results, p, least) > limit
+        if candidates and peak_of(results[Config(precision=p)]) + _scaled(results, p, least) > limit
     ]
     _measure(trial, store, [Config(checkpoint=candidates, precision=p) for p in need], say)
     models: dict[str | None, tuple[PeakModel, StepProfile]] = {}
@@ -263,10 +260,10 @@ def plan(
         found = _profile(trial, store, candidates, p, say)
         anchor = results[Config(checkpoint=candidates, precision=p)]
         where = f"Checkpointing under {p or 'the precision as it is'}: left out"
-        if found.result is not None and not _ok(found.result):
-            left_out.append(f"{where}, profiling {_why(found.result)}.")
-        elif not _ok(anchor):
-            left_out.append(f"{where}, all blocks checkpointed {_why(anchor)}.")
+        if found.result is not None and not ok(found.result):
+            left_out.append(f"{where}, profiling {why(found.result)}.")
+        elif not ok(anchor):
+            left_out.append(f"{where}, all blocks checkpointed {why(anchor)}.")
         elif found.blocks:
             models[p] = (_model(found, results[Config(precision=p)], anchor), found)
 
@@ -290,14 +287,14 @@ def plan(
         peak_model, found = models[chosen.precision]
         anchor = results[Config(checkpoint=candidates, precision=chosen.precision)]
         base_p = results[Config(precision=chosen.precision)]
-        lines.extend(_profile_lines(found, peak_model, base_p, anchor, chosen.precision))
-    lines.extend(_choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
+        lines.extend(profile_lines(found, peak_model, base_p, anchor, chosen.precision))
+    lines.extend(choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
     if chosen.chosen and chosen.precision in models:
-        lines.extend(_fewer_line(models[chosen.precision][0], chosen, limit))
+        lines.extend(fewer_line(models[chosen.precision][0], chosen, limit))
     if tie_note:
         lines.append(tie_note)
     if chosen.optimizer is not None:
-        lines.append(_optimizer_note(chosen.optimizer, optimizer_name(trial.optimizer)))
+        lines.append(optimizer_note(chosen.optimizer, optimizer_name(trial.optimizer)))
     lines.extend(left_out)
     return Plan(
         budget_bytes,
@@ -315,26 +312,26 @@ def plan(
 
 
 def _usable(r: TrialResult, what: str, left_out: list[str]) -> bool:
-    if _ok(r):
+    if ok(r):
         return True
-    left_out.append(f"{what}: left out, {_why(r)}.")
+    left_out.append(f"{what}: left out, {why(r)}.")
     return False
 
 
 def _together(results: dict[Config, TrialResult], p: str | None, o: str | None) -> bool | None:
     """Whether precision ``p`` with optimizer ``o`` ran; None where they were not measured together."""
     r = results.get(Config(precision=p, optimizer=o))
-    return None if r is None else _ok(r)
+    return None if r is None else ok(r)
 
 
 def _shift(results: dict[Config, TrialResult], p: str | None, o: str | None) -> tuple[int, float]:
     """Bytes and seconds that optimizer ``o`` adds under precision ``p``: measured, else estimated."""
     base = results[Config(precision=p)]
     pair = results.get(Config(precision=p, optimizer=o))
-    if pair is not None and _ok(pair):
-        return _peak(pair) - _peak(base), _step(pair) - _step(base)
+    if pair is not None and ok(pair):
+        return peak_of(pair) - peak_of(base), step_of(pair) - step_of(base)
     alone, plain = results[Config(optimizer=o)], results[Config()]
-    return _scaled(results, p, _peak(alone) - _peak(plain)), _step(alone) - _step(plain)
+    return _scaled(results, p, peak_of(alone) - peak_of(plain)), step_of(alone) - step_of(plain)
 
 
 def _scaled(results: dict[Config, TrialResult], p: str | None, nbytes: int) -> int:
@@ -354,19 +351,19 @@ def _option(
     o: str | None,
     limit: int,
     model: Any,
-) -> _Option:
+) -> Option:
     extra_bytes, extra_s = _shift(results, p, o)
     if p not in models:
         r = results[Config(precision=p)]
-        peak, step = _peak(r) + extra_bytes, _step(r) + extra_s
-        return _Option(p, o, (), peak, step, peak <= limit)
+        peak, step = peak_of(r) + extra_bytes, step_of(r) + extra_s
+        return Option(p, o, (), peak, step, peak <= limit)
     peak_model = models[p][0]
     choice = solve(peak_model, limit - extra_bytes)
     everything = tuple(j for j, b in enumerate(peak_model.blocks) if b.saving_bytes > 0)
     chosen = choice.chosen if choice is not None else everything
     names = _in_order(model, [peak_model.blocks[j].name for j in chosen])
     peak = peak_model.peak(chosen) + extra_bytes
-    return _Option(p, o, names, peak, peak_model.step_s(chosen) + extra_s, peak <= limit)
+    return Option(p, o, names, peak, peak_model.step_s(chosen) + extra_s, peak <= limit)
 
 
 def fit_plan(
@@ -412,7 +409,13 @@ def fit_plan(
             history.append(f"Planned again with {format_bytes(headroom)} more kept free.")
         result.reasoning = (*result.reasoning, *history)
     if result.result is not None:
-        result.reasoning = (*result.reasoning, _verified_line(result))
+        line = verified_line(
+            result.result,
+            result.measured_fits,
+            result.predicted_peak_bytes,
+            result.predicted_step_s,
+        )
+        result.reasoning = (*result.reasoning, line)
     return result
 
 
@@ -437,28 +440,6 @@ def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
     return tuple(techniques)
 
 
-def _ok(r: TrialResult) -> bool:
-    return r.status == "ok" and r.peak_allocated_bytes is not None and r.step_s is not None
-
-
-def _peak(r: TrialResult) -> int:
-    assert r.peak_allocated_bytes is not None
-    return r.peak_allocated_bytes
-
-
-def _step(r: TrialResult) -> float:
-    assert r.step_s is not None
-    return r.step_s
-
-
-def _why(r: TrialResult) -> str:
-    if r.status == "oom":
-        return "it ran out of memory"
-    if r.status != "ok":
-        return f"it failed ({r.error})"
-    return "it has no measurement"
-
-
 def _model(profile: StepProfile, base: TrialResult, anchor: TrialResult) -> PeakModel:
     # Blocks alike (same bytes) cost alike: their median forward time, so that noise between
     # them does not decide which ones are checkpointed, and ties go to the earlier ones.
@@ -478,10 +459,10 @@ def _model(profile: StepProfile, base: TrialResult, anchor: TrialResult) -> Peak
     ]
     model, _, _ = calibrated(
         costs,
-        base_peak_bytes=_peak(base),
-        base_step_s=_step(base),
-        all_peak_bytes=_peak(anchor),
-        all_step_s=_step(anchor),
+        base_peak_bytes=peak_of(base),
+        base_step_s=step_of(base),
+        all_peak_bytes=peak_of(anchor),
+        all_step_s=step_of(anchor),
     )
     return model
 
@@ -491,7 +472,7 @@ def _in_order(model: Any, names: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(names, key=order.__getitem__))
 
 
-def _pick(options: list[_Option]) -> tuple[_Option, str | None]:
+def _pick(options: list[Option]) -> tuple[Option, str | None]:
     """The fitting option of least step time, fewer changes winning within TIE; else the lowest peak."""
     fitting = [o for o in options if o.fits]
     if not fitting:
@@ -502,152 +483,6 @@ def _pick(options: list[_Option]) -> tuple[_Option, str | None]:
     if best is fastest:
         return best, None
     return best, (
-        f"{_label(fastest)} is predicted {format_seconds(best.step_s - fastest.step_s)} faster, "
+        f"{label(fastest)} is predicted {format_seconds(best.step_s - fastest.step_s)} faster, "
         f"within {TIE:.0%}: the plan that changes less is kept."
-    )
-
-
-def _label(o: _Option) -> str:
-    return str(Config(checkpoint=o.chosen or None, precision=o.precision, optimizer=o.optimizer))
-
-
-def _names(chosen: Sequence[str], candidates: Sequence[str]) -> str:
-    """``h.0-h.4`` style runs of consecutive candidates."""
-    index = {name: i for i, name in enumerate(candidates)}
-    runs: list[list[str]] = []
-    for name in chosen:
-        if runs and index.get(name, -2) == index.get(runs[-1][-1], -9) + 1:
-            runs[-1].append(name)
-        else:
-            runs.append([name])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-def _profile_lines(
-    profile: StepProfile,
-    model: PeakModel,
-    base: TrialResult,
-    anchor: TrialResult,
-    precision: str | None,
-) -> list[str]:
-    n = len(profile.blocks)
-    under = f" under {precision}" if precision else ""
-    savings = [b.saving_bytes for b in model.blocks]
-    recompute = statistics.median(b.recompute_s for b in model.blocks)
-    forward = statistics.median(b.forward_s for b in profile.blocks)
-    spread = (
-        f" (from {format_bytes(min(savings))} to {format_bytes(max(savings))})"
-        if min(savings) != max(savings)
-        else ""
-    )
-    lines = [
-        f"Measured{under}: with nothing checkpointed, the peak is {format_bytes(_peak(base))} at "
-        f"{format_seconds(_step(base))} a step; with all {n} blocks checkpointed, "
-        f"{format_bytes(_peak(anchor))} at {format_seconds(_step(anchor))}.",
-        f"Profiled step: checkpointing a block frees {format_bytes(round(statistics.median(savings)))}"
-        f"{spread} and recomputing it costs about {format_seconds(recompute)} (its forward "
-        f"took {format_seconds(forward)} in the profiled step).",
-    ]
-    if profile.unused:
-        lines.append(f"Not run in the step, so left out: {', '.join(profile.unused)}.")
-    lines.append(
-        f"Solver: exact search over the subsets of the {n} blocks, a knapsack taken in block "
-        "order that keeps only the choices no other beats in both bytes freed and time; the "
-        "peak is the higher of the start of backward and each block's backward, where a "
-        "checkpointed block's activations come back."
-    )
-    return lines
-
-
-def _fewer_line(model: PeakModel, o: _Option, limit: int) -> list[str]:
-    """Why not fewer blocks: the plan without its cheapest-to-drop block."""
-    index = {b.name: j for j, b in enumerate(model.blocks)}
-    chosen = [index[n] for n in o.chosen if n in index]
-    if not chosen:
-        return []
-    drop = min(chosen, key=lambda j: (model.blocks[j].saving_bytes, -j))
-    rest = [j for j in chosen if j != drop]
-    peak = model.peak(rest) + (o.peak_bytes - model.peak(chosen))
-    if peak <= limit:
-        return []
-    return [
-        f"No faster set of blocks is predicted to fit: without {model.blocks[drop].name}, the "
-        f"peak would be {format_bytes(peak)}."
-    ]
-
-
-_SAME_UPDATE = {frozenset({"adamw", "adamw-fused"})}
-
-
-def _optimizer_note(new: str, old: str | None) -> str:
-    if old is not None and frozenset({new, old}) in _SAME_UPDATE:
-        return f"{new} runs the same update as your {old}, in a fused kernel."
-    return (
-        f"Note: {new} replaces your {old or 'optimizer'}; its updates differ, so check the "
-        "training curve."
-    )
-
-
-def _choice_lines(
-    o: _Option,
-    options: list[_Option],
-    base: TrialResult,
-    budget_bytes: int,
-    reserve: int,
-    candidates: Sequence[str],
-) -> list[str]:
-    lines = []
-    if len({(x.precision, x.optimizer) for x in options}) > 1:
-        lines.append(
-            f"Compared {len(options)} combinations of precision and optimizer, each with its "
-            "own blocks to checkpoint."
-        )
-    what = []
-    if o.chosen:
-        what.append(
-            f"checkpoint {len(o.chosen)} of {len(candidates)} blocks ({_names(o.chosen, candidates)})"
-        )
-    what.append(f"precision {o.precision or 'as it is'}")
-    what.append(f"optimizer {o.optimizer or 'as it is'}")
-    cost = ""
-    if _ok(base) and _step(base) > 0:
-        cost = f" ({100 * (o.step_s - _step(base)) / _step(base):+.0f}% against as it is)"
-    head = "Plan" if o.fits else "Nothing fits; the lowest predicted peak is"
-    lines.append(
-        f"{head}: {', '.join(what)}: predicted peak {format_bytes(o.peak_bytes)} at "
-        f"{format_seconds(o.step_s)} a step{cost}."
-    )
-    if o.fits:
-        lines.append(
-            f"That leaves {format_bytes(budget_bytes - o.peak_bytes)} of the budget, "
-            f"{format_bytes(reserve)} of it kept free for what the prediction does not see."
-        )
-    else:
-        lines.append(
-            f"It is {format_bytes(o.peak_bytes - budget_bytes + reserve)} over what the budget "
-            "allows: shrink the batch, or allow more techniques."
-        )
-    if not o.chosen and o.fits and o.changes == 0:
-        lines.append("As it is, the model fits: nothing needs to change.")
-    others = sorted(
-        (x for x in options if x.fits and x != o and x.optimizer == o.optimizer),
-        key=lambda x: x.step_s,
-    )
-    for x in others[:4]:
-        lines.append(
-            f"  also fits: {_label(x)}: {format_bytes(x.peak_bytes)} at {format_seconds(x.step_s)}."
-        )
-    return lines
-
-
-def _verified_line(p: Plan) -> str:
-    r = p.result
-    assert r is not None
-    if r.status != "ok":
-        return f"Verified by a measured run: it {_why(r)}."
-    fits = "fits" if p.measured_fits else "does not fit"
-    return (
-        f"Verified by a measured run: peak {format_bytes(p.measured_peak_bytes)} (predicted "
-        f"{format_bytes(p.predicted_peak_bytes)}), {format_seconds(p.measured_step_s)} a step "
-        f"(predicted {format_seconds(p.predicted_step_s)}); it {fits} the budget."
     )

@@ -1,0 +1,204 @@
+"""The plan's reasoning: plain sentences from the numbers the planner measured and predicted.
+
+Pure text: it reads trial results, the peak model and the profile, and formats units only
+here, through :mod:`jupyter_gpumem.units`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.profile import StepProfile
+from jupyter_gpumem.tuner.solver import PeakModel
+from jupyter_gpumem.tuner.trial import TrialResult
+from jupyter_gpumem.units import format_bytes, format_seconds
+
+
+@dataclass(frozen=True)
+class Option:
+    """One precision and optimizer with its blocks to checkpoint, as the planner predicts them."""
+
+    precision: str | None
+    optimizer: str | None
+    chosen: tuple[str, ...]
+    peak_bytes: int
+    step_s: float
+    fits: bool
+
+    @property
+    def changes(self) -> int:
+        return (self.precision is not None) + (self.optimizer is not None)
+
+
+def ok(r: TrialResult) -> bool:
+    """Whether a trial ran to the end with a peak and a step time."""
+    return r.status == "ok" and r.peak_allocated_bytes is not None and r.step_s is not None
+
+
+def peak_of(r: TrialResult) -> int:
+    assert r.peak_allocated_bytes is not None
+    return r.peak_allocated_bytes
+
+
+def step_of(r: TrialResult) -> float:
+    assert r.step_s is not None
+    return r.step_s
+
+
+def why(r: TrialResult) -> str:
+    """Why a trial gave no usable measurement, as a clause."""
+    if r.status == "oom":
+        return "it ran out of memory"
+    if r.status != "ok":
+        return f"it failed ({r.error})"
+    return "it has no measurement"
+
+
+def label(o: Option) -> str:
+    """The option as the Config label of tables and charts."""
+    return str(Config(checkpoint=o.chosen or None, precision=o.precision, optimizer=o.optimizer))
+
+
+def names(chosen: Sequence[str], candidates: Sequence[str]) -> str:
+    """``h.0-h.4`` style runs of consecutive candidates."""
+    index = {name: i for i, name in enumerate(candidates)}
+    runs: list[list[str]] = []
+    for name in chosen:
+        if runs and index.get(name, -2) == index.get(runs[-1][-1], -9) + 1:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def profile_lines(
+    profile: StepProfile,
+    model: PeakModel,
+    base: TrialResult,
+    anchor: TrialResult,
+    precision: str | None,
+) -> list[str]:
+    n = len(profile.blocks)
+    under = f" under {precision}" if precision else ""
+    savings = [b.saving_bytes for b in model.blocks]
+    recompute = statistics.median(b.recompute_s for b in model.blocks)
+    forward = statistics.median(b.forward_s for b in profile.blocks)
+    spread = (
+        f" (from {format_bytes(min(savings))} to {format_bytes(max(savings))})"
+        if min(savings) != max(savings)
+        else ""
+    )
+    lines = [
+        f"Measured{under}: with nothing checkpointed, the peak is {format_bytes(peak_of(base))} at "
+        f"{format_seconds(step_of(base))} a step; with all {n} blocks checkpointed, "
+        f"{format_bytes(peak_of(anchor))} at {format_seconds(step_of(anchor))}.",
+        f"Profiled step: checkpointing a block frees {format_bytes(round(statistics.median(savings)))}"
+        f"{spread} and recomputing it costs about {format_seconds(recompute)} (its forward "
+        f"took {format_seconds(forward)} in the profiled step).",
+    ]
+    if profile.unused:
+        lines.append(f"Not run in the step, so left out: {', '.join(profile.unused)}.")
+    lines.append(
+        f"Solver: exact search over the subsets of the {n} blocks, a knapsack taken in block "
+        "order that keeps only the choices no other beats in both bytes freed and time; the "
+        "peak is the higher of the start of backward and each block's backward, where a "
+        "checkpointed block's activations come back."
+    )
+    return lines
+
+
+def fewer_line(model: PeakModel, o: Option, limit: int) -> list[str]:
+    """Why not fewer blocks: the plan without its cheapest-to-drop block."""
+    index = {b.name: j for j, b in enumerate(model.blocks)}
+    chosen = [index[n] for n in o.chosen if n in index]
+    if not chosen:
+        return []
+    drop = min(chosen, key=lambda j: (model.blocks[j].saving_bytes, -j))
+    rest = [j for j in chosen if j != drop]
+    peak = model.peak(rest) + (o.peak_bytes - model.peak(chosen))
+    if peak <= limit:
+        return []
+    return [
+        f"No faster set of blocks is predicted to fit: without {model.blocks[drop].name}, the "
+        f"peak would be {format_bytes(peak)}."
+    ]
+
+
+SAME_UPDATE = {frozenset({"adamw", "adamw-fused"})}
+
+
+def optimizer_note(new: str, old: str | None) -> str:
+    if old is not None and frozenset({new, old}) in SAME_UPDATE:
+        return f"{new} runs the same update as your {old}, in a fused kernel."
+    return (
+        f"Note: {new} replaces your {old or 'optimizer'}; its updates differ, so check the "
+        "training curve."
+    )
+
+
+def choice_lines(
+    o: Option,
+    options: list[Option],
+    base: TrialResult,
+    budget_bytes: int,
+    reserve: int,
+    candidates: Sequence[str],
+) -> list[str]:
+    lines = []
+    if len({(x.precision, x.optimizer) for x in options}) > 1:
+        lines.append(
+            f"Compared {len(options)} combinations of precision and optimizer, each with its "
+            "own blocks to checkpoint."
+        )
+    what = []
+    if o.chosen:
+        what.append(
+            f"checkpoint {len(o.chosen)} of {len(candidates)} blocks ({names(o.chosen, candidates)})"
+        )
+    what.append(f"precision {o.precision or 'as it is'}")
+    what.append(f"optimizer {o.optimizer or 'as it is'}")
+    cost = ""
+    if ok(base) and step_of(base) > 0:
+        cost = f" ({100 * (o.step_s - step_of(base)) / step_of(base):+.0f}% against as it is)"
+    head = "Plan" if o.fits else "Nothing fits; the lowest predicted peak is"
+    lines.append(
+        f"{head}: {', '.join(what)}: predicted peak {format_bytes(o.peak_bytes)} at "
+        f"{format_seconds(o.step_s)} a step{cost}."
+    )
+    if o.fits:
+        lines.append(
+            f"That leaves {format_bytes(budget_bytes - o.peak_bytes)} of the budget, "
+            f"{format_bytes(reserve)} of it kept free for what the prediction does not see."
+        )
+    else:
+        lines.append(
+            f"It is {format_bytes(o.peak_bytes - budget_bytes + reserve)} over what the budget "
+            "allows: shrink the batch, or allow more techniques."
+        )
+    if not o.chosen and o.fits and o.changes == 0:
+        lines.append("As it is, the model fits: nothing needs to change.")
+    others = sorted(
+        (x for x in options if x.fits and x != o and x.optimizer == o.optimizer),
+        key=lambda x: x.step_s,
+    )
+    for x in others[:4]:
+        lines.append(
+            f"  also fits: {label(x)}: {format_bytes(x.peak_bytes)} at {format_seconds(x.step_s)}."
+        )
+    return lines
+
+
+def verified_line(
+    r: TrialResult, fits: bool | None, predicted_peak: int | None, predicted_step: float | None
+) -> str:
+    """The sentence that closes a verified plan's reasoning."""
+    if r.status != "ok":
+        return f"Verified by a measured run: it {why(r)}."
+    return (
+        f"Verified by a measured run: peak {format_bytes(r.peak_allocated_bytes)} (predicted "
+        f"{format_bytes(predicted_peak)}), {format_seconds(r.step_s)} a step "
+        f"(predicted {format_seconds(predicted_step)}); it {'fits' if fits else 'does not fit'} the budget."
+    )
