@@ -11,7 +11,8 @@ What is measured (each with the trial's warm-up and steps, through the same reco
 `%%gpumem`), and kept on the trial for later plans:
 
 - the model as it is, under each precision allowed, and with each optimizer allowed;
-- every block checkpointed, under each precision that needs checkpointing to fit;
+- every block checkpointed, and the first half of them, under each precision that needs
+  checkpointing to fit;
 - one profiled step per such precision: per block, the activation bytes that checkpointing
   it frees and its forward time (:mod:`jupyter_gpumem.tuner.profile`).
 
@@ -85,6 +86,8 @@ class Plan:
     measured_step_s: float | None = None
     result: TrialResult | None = field(default=None, repr=False, compare=False)
     baseline: TrialResult | None = field(default=None, repr=False, compare=False)
+    # every block checkpointed, under the plan's precision: measured when the plan needed it
+    all_checkpointed: TrialResult | None = field(default=None, repr=False, compare=False)
     trial: Trial | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -131,10 +134,9 @@ class Plan:
             "measured_error": None if self.result is None else self.result.error,
             "reasoning": list(self.reasoning),
         }
-        base = self.baseline
-        if base is not None:
-            out["baseline_peak_bytes"] = base.peak_allocated_bytes
-            out["baseline_step_s"] = base.step_s
+        for key, run in (("baseline", self.baseline), ("all_checkpointed", self.all_checkpointed)):
+            out[f"{key}_peak_bytes"] = None if run is None else run.peak_allocated_bytes
+            out[f"{key}_step_s"] = None if run is None else run.step_s
         return json.loads(json.dumps(out))
 
     def __str__(self) -> str:
@@ -255,7 +257,7 @@ def plan(
         if candidates and peak_of(results[Config(precision=p)]) + _scaled(results, p, least) > limit
     ]
     _measure(trial, store, [Config(checkpoint=candidates, precision=p) for p in need], say)
-    models: dict[str | None, tuple[PeakModel, StepProfile]] = {}
+    profiles: dict[str | None, StepProfile] = {}
     for p in need:
         found = _profile(trial, store, candidates, p, say)
         anchor = results[Config(checkpoint=candidates, precision=p)]
@@ -265,7 +267,18 @@ def plan(
         elif not ok(anchor):
             left_out.append(f"{where}, all blocks checkpointed {why(anchor)}.")
         elif found.blocks:
-            models[p] = (_model(found, results[Config(precision=p)], anchor), found)
+            profiles[p] = found
+    # The first half of the blocks checkpointed: what checkpointing really frees per block.
+    halves = {p: _first_half(model, found) for p, found in profiles.items()}
+    _measure(trial, store, [Config(checkpoint=h, precision=p) for p, h in halves.items() if h], say)
+    models: dict[str | None, tuple[PeakModel, StepProfile]] = {}
+    scales: dict[str | None, tuple[TrialResult | None, float]] = {}
+    for p, found in profiles.items():
+        half = results.get(Config(checkpoint=halves[p], precision=p)) if halves[p] else None
+        anchor = results[Config(checkpoint=candidates, precision=p)]
+        peak_model, scale = _model(found, results[Config(precision=p)], anchor, half)
+        models[p] = (peak_model, found)
+        scales[p] = (half, scale)
 
     # Pick; where the pick's precision and optimizer were only estimated together, measure
     # them together and pick again (at most a few times: each round measures one more pair).
@@ -287,7 +300,10 @@ def plan(
         peak_model, found = models[chosen.precision]
         anchor = results[Config(checkpoint=candidates, precision=chosen.precision)]
         base_p = results[Config(precision=chosen.precision)]
-        lines.extend(profile_lines(found, peak_model, base_p, anchor, chosen.precision))
+        half, scale = scales[chosen.precision]
+        lines.extend(
+            profile_lines(found, peak_model, base_p, anchor, half, scale, chosen.precision)
+        )
     lines.extend(choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
     if chosen.chosen and chosen.precision in models:
         lines.extend(fewer_line(models[chosen.precision][0], chosen, limit))
@@ -307,6 +323,9 @@ def plan(
         chosen.fits,
         candidates,
         baseline=base,
+        all_checkpointed=results.get(Config(checkpoint=candidates, precision=chosen.precision))
+        if candidates
+        else None,
         trial=trial,
     )
 
@@ -440,7 +459,14 @@ def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
     return tuple(techniques)
 
 
-def _model(profile: StepProfile, base: TrialResult, anchor: TrialResult) -> PeakModel:
+def _first_half(model: Any, profile: StepProfile) -> tuple[str, ...]:
+    """The first half of the profiled blocks, in module order (empty for a single block)."""
+    return _in_order(model, [b.name for b in profile.blocks[: len(profile.blocks) // 2]])
+
+
+def _model(
+    profile: StepProfile, base: TrialResult, anchor: TrialResult, half: TrialResult | None
+) -> tuple[PeakModel, float]:
     # Blocks alike (same bytes) cost alike: their median forward time, so that noise between
     # them does not decide which ones are checkpointed, and ties go to the earlier ones.
     alike: dict[tuple[int, int], list[float]] = {}
@@ -457,14 +483,15 @@ def _model(profile: StepProfile, base: TrialResult, anchor: TrialResult) -> Peak
         )
         for b in profile.blocks
     ]
-    model, _, _ = calibrated(
+    model, saving_scale, _ = calibrated(
         costs,
         base_peak_bytes=peak_of(base),
         base_step_s=step_of(base),
         all_peak_bytes=peak_of(anchor),
         all_step_s=step_of(anchor),
+        half_peak_bytes=peak_of(half) if half is not None and ok(half) else None,
     )
-    return model
+    return model, saving_scale
 
 
 def _in_order(model: Any, names: Sequence[str]) -> tuple[str, ...]:

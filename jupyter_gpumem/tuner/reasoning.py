@@ -79,8 +79,11 @@ def profile_lines(
     model: PeakModel,
     base: TrialResult,
     anchor: TrialResult,
+    half: TrialResult | None,
+    saving_scale: float,
     precision: str | None,
 ) -> list[str]:
+    """What was measured and profiled, and how the solver works."""
     n = len(profile.blocks)
     under = f" under {precision}" if precision else ""
     savings = [b.saving_bytes for b in model.blocks]
@@ -91,14 +94,28 @@ def profile_lines(
         if min(savings) != max(savings)
         else ""
     )
+    halfway = ""
+    if half is not None and ok(half):
+        halfway = f"; with the first {n // 2}, {format_bytes(peak_of(half))}"
     lines = [
-        f"Measured{under}: with nothing checkpointed, the peak is {format_bytes(peak_of(base))} at "
-        f"{format_seconds(step_of(base))} a step; with all {n} blocks checkpointed, "
-        f"{format_bytes(peak_of(anchor))} at {format_seconds(step_of(anchor))}.",
-        f"Profiled step: checkpointing a block frees {format_bytes(round(statistics.median(savings)))}"
-        f"{spread} and recomputing it costs about {format_seconds(recompute)} (its forward "
-        f"took {format_seconds(forward)} in the profiled step).",
+        f"Measured{under}: with nothing checkpointed, the peak is {format_bytes(peak_of(base))} "
+        f"at {format_seconds(step_of(base))} a step; with all {n} blocks checkpointed, "
+        f"{format_bytes(peak_of(anchor))} at {format_seconds(step_of(anchor))}{halfway}.",
+        f"Profiled step, measured against those runs: checkpointing a block frees "
+        f"{format_bytes(round(statistics.median(savings)))}{spread} and recomputing it costs "
+        f"about {format_seconds(recompute)} (its forward took {format_seconds(forward)} in the "
+        "profiled step).",
     ]
+    if abs(saving_scale - 1) > 0.02:
+        lines.append(
+            f"Checkpointing frees {saving_scale:.0%} of what the profiled step saw each block "
+            "save for backward"
+            + (
+                " (the rest stays referenced from elsewhere)."
+                if saving_scale < 1
+                else " (the rest is saved where the profile cannot see)."
+            )
+        )
     if profile.unused:
         lines.append(f"Not run in the step, so left out: {', '.join(profile.unused)}.")
     lines.append(

@@ -87,17 +87,25 @@ def calibrated(
     base_step_s: float,
     all_peak_bytes: int,
     all_step_s: float,
+    half_peak_bytes: int | None = None,
 ) -> tuple[PeakModel, float, float]:
-    """The model for profiled ``blocks`` and two measured anchors; with the two scales used.
+    """The model for profiled ``blocks`` and the measured anchors; with the two scales used.
 
-    Returns ``(model, saving_scale, time_scale)``. The savings are scaled up (never down)
-    when the measured drop is larger than the profile saw: the profile misses what it cannot
-    see, never the other way. The recompute times are scaled so that all of them add up to
-    the measured cost of checkpointing everything (0 when that cost was not measurable).
+    Returns ``(model, saving_scale, time_scale)``. ``half_peak_bytes``, the measured peak with
+    the first ``len(blocks) // 2`` blocks checkpointed, scales the savings to what
+    checkpointing really freed there (at the start of backward, where the first blocks free
+    their whole saving): the profile counts what each block saved, and a model can keep some
+    of it alive by other references (a cache passed to every block). Without it, the
+    savings are scaled up (never down) when checkpointing every block freed more than the
+    profile saw. The recompute times are scaled so that all of them add up to the measured
+    cost of checkpointing everything (0 when that cost was not measurable).
     """
     profiled = sum(b.saving_bytes for b in blocks)
     drop = base_peak_bytes - all_peak_bytes
     saving_scale = max(1.0, drop / profiled) if profiled > 0 and drop > 0 else 1.0
+    half = sum(b.saving_bytes for b in blocks[: len(blocks) // 2])
+    if half_peak_bytes is not None and half > 0 and base_peak_bytes > half_peak_bytes:
+        saving_scale = (base_peak_bytes - half_peak_bytes) / half
     forward = sum(b.recompute_s for b in blocks)
     time_scale = max(0.0, (all_step_s - base_step_s) / forward) if forward > 0 else 0.0
     scaled = tuple(

@@ -135,3 +135,22 @@ def _brute_sum(blocks: list[BlockCost], need: int) -> float:
     unit = blocks[0].saving_bytes
     k = -(-need // unit)  # savings are multiples of unit, every multiple reachable
     return k * unit * 1e-9
+
+
+def test_the_half_anchor_scales_savings_down_to_what_checkpointing_frees() -> None:
+    # the profile saw 100 MiB saved per block; checkpointing frees 90 (a cache keeps the rest)
+    blocks = _blocks(12)
+    base = 3000 * MiB
+    model, scale, _ = calibrated(
+        blocks,
+        base_peak_bytes=base,
+        base_step_s=0.18,
+        all_peak_bytes=base - 12 * 90 * MiB,
+        all_step_s=0.23,
+        half_peak_bytes=base - 6 * 90 * MiB,
+    )
+    assert scale == pytest.approx(0.9)
+    assert model.peak(range(6)) == base - 6 * 90 * MiB
+    assert model.peak(range(4)) == base - 4 * 90 * MiB
+    choice = solve(model, base - 5 * 90 * MiB)
+    assert choice is not None and choice.chosen == (0, 1, 2, 3, 4)
