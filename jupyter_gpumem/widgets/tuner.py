@@ -4,7 +4,11 @@ The panel edits one `Config` (checkpointed modules, precision, optimizer). Apply
 model and rebinds the user's optimizer variable; Revert restores the model and the original
 optimizer object. Re-run measures the configuration and appends a row: with a `Trial`, the trial
 runs it (after a baseline, once); without one, the tuner re-executes the kernel's last `%%gpumem`
-cell with the configuration applied and reads that cell's report. Every button calls a public
+cell with the configuration applied and reads that cell's report. Fit to budget, with a `Trial`,
+plans the blocks to checkpoint with precision and optimizer (`jupyter_gpumem.tuner.plan`),
+verifies the plan by a measured run and shows plan, prediction and measurement side by side;
+the panel then shows the plan, so Apply applies exactly it. Without a trial it picks among the
+measured rows. Every button calls a public
 method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`), so notebooks and tests drive the
 same code; a button never lets an exception escape, it shows the message in the panel.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import html
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -33,9 +38,10 @@ from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
+from jupyter_gpumem.tuner.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.trial import Trial, TrialResult, cell_result
 from jupyter_gpumem.units import parse_size
-from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, rows_text
+from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, plan_html, rows_text
 
 __all__ = ["Tuner", "tune"]
 
@@ -68,6 +74,7 @@ class Tuner(widgets.VBox):
             shell = get_ipython()
         self.model, self.optimizer_name, self.trial, self.shell = model, optimizer, trial, shell
         self.results: list[TrialResult] = []
+        self.plan: Plan | None = None  # the last plan "Fit to budget" made (with a trial)
         self._applied: Applied | None = None
         self.budget_bytes: int | None = None
         self._ns: dict[str, Any] = shell.user_ns if shell is not None else {}
@@ -189,12 +196,22 @@ class Tuner(widgets.VBox):
         self._refresh()
         return self.budget_bytes
 
-    def fit(self, budget: str | int | None = None) -> FitChoice:
-        """The measured configuration that fits the budget at the least step time, shown in the panel."""
+    def fit(
+        self, budget: str | int | None = None, techniques: Sequence[str] | None = None
+    ) -> Plan | FitChoice:
+        """Fit the budget and show the answer in the panel, ready for Apply.
+
+        With a trial: ``fit_plan`` plans (``techniques``, by default the ones ticked in the
+        panel), verifies the plan by a measured run, and the panel shows the plan, its
+        prediction and its measurement side by side; returns the Plan. Without one: the
+        measured configuration that fits at the least step time; returns the FitChoice.
+        """
         if budget is not None:
             self.set_budget(budget)
         if self.budget_bytes is None:
             raise ValueError("set a budget first, e.g. tuner.fit('12GiB')")
+        if self.trial is not None:
+            return self._fit_plan(self.trial, self.budget_bytes, techniques)
         if not self.results:
             raise ValueError("nothing is measured yet: press Re-run or call tuner.compare([...])")
         choice = fit_to_budget(self.results, self.budget_bytes, self.baseline)
@@ -205,6 +222,31 @@ class Tuner(widgets.VBox):
             lines.append("The panel now shows it: press Apply to use it.")
         self.panel.fit_text.value = "<br>".join(html.escape(line) for line in lines)
         return choice
+
+    def _fit_plan(self, trial: Trial, budget_bytes: int, techniques: Sequence[str] | None) -> Plan:
+        if techniques is None:
+            techniques = [n for n, box in self.panel.fit_techniques.items() if box.value]
+        if self._busy:
+            raise RuntimeError("the tuner is already measuring")
+        self._busy = True
+        try:
+            with self._trial_scope():
+                plan = fit_plan(trial, budget_bytes, techniques, progress=self._progress)
+        finally:
+            self._busy = False
+        if self.baseline is None and plan.baseline is not None:
+            self.results.append(plan.baseline)
+        if plan.result is not None:
+            self.results.append(replace(plan.result, label=f"plan · {plan.result.label}"))
+        self.plan = plan
+        self.set(plan.config)
+        self.panel.fit_text.value = plan_html(plan.to_dict())
+        self.panel.status.value = "planned and verified" if plan.result else "planned"
+        self._refresh()
+        return plan
+
+    def _progress(self, line: str) -> None:
+        self.panel.status.value = line
 
     # -- measuring ---------------------------------------------------------------------------
     def _measure_all(self, configs: list[Config], *, keep: bool) -> list[TrialResult]:

@@ -25,6 +25,7 @@ __all__ = [
     "Panel",
     "TradeoffChart",
     "message_html",
+    "plan_html",
     "rows_html",
     "rows_text",
 ]
@@ -347,6 +348,53 @@ class TradeoffChart:
         self.y_axis.label = f"memory saved ({unit})"
 
 
+def plan_html(plan: Mapping[str, Any]) -> str:
+    """A plan beside its prediction and measurement (``Plan.to_dict()``), then its reasoning."""
+    esc = html.escape
+    budget = plan.get("budget_bytes")
+    measured = plan.get("measured_peak_bytes") is not None
+
+    def fits(value: bool | None) -> str:
+        return "" if value is None else "yes" if value else "no"
+
+    rows = [
+        ("peak", format_bytes(plan.get("predicted_peak_bytes")),
+         format_bytes(plan.get("measured_peak_bytes")) if measured else "not measured"),
+        ("step", _ms(_milliseconds(plan.get("predicted_step_s"))),
+         _ms(_milliseconds(plan.get("measured_step_s"))) if measured else ""),
+        (f"fits {format_bytes(budget)}", fits(plan.get("fits")), fits(plan.get("measured_fits"))),
+    ]  # fmt: skip
+    cell = "padding:0 .7em;text-align:right;white-space:nowrap"
+    head = (
+        f'<th style="{cell}"></th><th style="{cell}">predicted</th><th style="{cell}">measured</th>'
+    )
+    body = "".join(
+        f'<tr><th style="{cell};text-align:left">{esc(name)}</th>'
+        f'<td style="{cell}">{esc(a)}</td><td style="{cell}">{esc(b)}</td></tr>'
+        for name, a, b in rows
+    )
+    names = list(plan.get("checkpoint") or ())
+    what = [
+        f"checkpoint {len(names)} of {len(plan.get('blocks') or ())} blocks: {', '.join(names)}"
+        if names
+        else "checkpoint nothing",
+        f"precision {plan.get('precision') or 'as it is'}",
+        f"optimizer {plan.get('optimizer') or 'as it is'}",
+    ]
+    reasons = "".join(f"<li>{esc(str(line))}</li>" for line in plan.get("reasoning") or ())
+    table_style = "font-family:var(--jp-code-font-family,monospace);border-collapse:collapse"
+    return (
+        f'<div class="jp-gpumem-plan"><b>Plan</b>: {esc("; ".join(what))}'
+        f'<table style="{table_style}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        f"<details><summary>how it was chosen</summary><ul>{reasons}</ul></details>"
+        "<div>Press Apply to use exactly this plan.</div></div>"
+    )
+
+
+def _milliseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 def message_html(kind: str, text: str) -> str:
     """One escaped line of panel text, coloured by ``kind`` ("error", "warning" or "info")."""
     return f'<div style="color:{MESSAGE_COLORS.get(kind, "inherit")}">{html.escape(text)}</div>'
@@ -392,6 +440,12 @@ class Panel:
             description="budget", placeholder="e.g. 12GiB", continuous_update=False
         )
         self.budget_error = widgets.HTML()
+        # What "Fit to budget" may change (with a trial, it plans and verifies).
+        self.fit_techniques = {
+            name: widgets.Checkbox(value=True, description=name, indent=False,
+                                   layout=widgets.Layout(width="auto"))
+            for name in ("checkpoint", "precision", "optimizer")
+        }  # fmt: skip
         self.buttons = {
             name: widgets.Button(description=name, button_style=style)
             for name, style in (
@@ -410,7 +464,14 @@ class Panel:
             widgets.HBox([self.modules, widgets.VBox([self.all_blocks, self.every, self.regex])]),
             widgets.HBox([self.precision, self.optimizer]),
             widgets.HBox(list(self.buttons.values())),
-            widgets.HBox([self.budget, self.budget_error]),
+            widgets.HBox(
+                [
+                    self.budget,
+                    widgets.Label("fit may change:"),
+                    *self.fit_techniques.values(),
+                    self.budget_error,
+                ]
+            ),
             widgets.HBox([self.progress, self.status]),
             self.messages,
             self.table,

@@ -13,10 +13,11 @@ from torch import nn
 from jupyter_gpumem import report_log as history
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.plan import Plan
 from jupyter_gpumem.tuner.trial import Trial, TrialResult
-from jupyter_gpumem.units import SIZE_HELP
+from jupyter_gpumem.units import SIZE_HELP, format_bytes
 from jupyter_gpumem.widgets.tuner import FP16_HELP, Tuner, tune
-from jupyter_gpumem.widgets.tuner_charts import rows_html, rows_text
+from jupyter_gpumem.widgets.tuner_charts import plan_html, rows_html, rows_text
 
 LOOP = (
     "%%gpumem --quiet\n"
@@ -205,16 +206,48 @@ def test_fit_picks_the_cheapest_fitting_configuration(
     assert "No measured configuration fits" in tuner.panel.fit_text.value
 
 
-def test_fit_over_real_trials(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+def test_fit_with_a_trial_plans_verifies_and_shows_plan_beside_measurement(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
     tuner = _trial_tuner(shell, ns)
-    tuner.compare([Config(checkpoint="blocks"), Config(optimizer="sgd")])
-    base = tuner.baseline
-    assert base is not None and base.peak_allocated_bytes is not None
-    choice = tuner.fit(base.peak_allocated_bytes - 1)
-    measured = {r.label: (r.peak_allocated_bytes or 0, r.step_s or 0.0) for r in tuner.results}
-    fitting = [label for label, (peak, _) in measured.items() if peak < base.peak_allocated_bytes]
-    assert fitting and choice.chosen == min(fitting, key=lambda label: measured[label][1])
-    assert choice.reasoning[0].startswith("Budget:")
+    base, every = tuner.compare([Config(checkpoint="blocks")])
+    assert base.peak_allocated_bytes is not None and every.peak_allocated_bytes is not None
+    budget = (base.peak_allocated_bytes + every.peak_allocated_bytes) // 2
+    for name in ("precision", "optimizer"):
+        tuner.panel.fit_techniques[name].value = False  # fit may only checkpoint
+    plan = tuner.fit(budget)
+    assert isinstance(plan, Plan) and tuner.plan is plan
+    assert plan.precision is None and plan.optimizer is None
+    assert 0 < len(plan.checkpoint) < 4 and plan.measured_fits, plan.reasoning
+    assert tuner.config == plan.config  # the panel shows the plan: Apply applies exactly it
+    row = tuner.rows[-1]
+    assert row["configuration"] == f"plan · {plan.config}"
+    assert row["peak_bytes"] == plan.measured_peak_bytes and row["fits_budget"] is True
+    shown = tuner.panel.fit_text.value
+    assert "predicted" in shown and "measured" in shown and "Press Apply" in shown
+    assert format_bytes(plan.predicted_peak_bytes) in shown
+    assert format_bytes(plan.measured_peak_bytes) in shown
+    applied = tuner.apply()
+    assert applied.config == plan.config
+    assert [n for n, m in ns["model"].named_modules() if "forward" in m.__dict__] == list(
+        plan.checkpoint
+    )
+    tuner.revert()
+    tuner.panel.buttons["Fit to budget"].click()  # the button does the same, measured again
+    assert tuner.panel.messages.value == "" and tuner.plan is not plan
+    assert tuner.plan is not None and tuner.plan.config == plan.config
+
+
+def test_fit_with_a_trial_escapes_the_reasoning(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    plan = tuner.fit("1 B", techniques=("checkpoint",))  # nothing fits: nothing is verified
+    assert isinstance(plan, Plan) and not plan.fits and plan.result is None
+    assert "not measured" in tuner.panel.fit_text.value
+    assert any(line.startswith("Nothing fits") for line in plan.reasoning)
+    html = plan_html({**plan.to_dict(), "reasoning": ["<script>x</script>"]})
+    assert "<script>" not in html and "&lt;script&gt;" in html
 
 
 def test_bad_budget_text_gives_a_clear_message(shell: InteractiveShell, ns: dict[str, Any]) -> None:

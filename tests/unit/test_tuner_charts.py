@@ -13,6 +13,7 @@ from jupyter_gpumem.widgets.tuner_charts import (
     CATEGORY_COLORS,
     BreakdownChart,
     TradeoffChart,
+    plan_html,
     rows_html,
     rows_text,
 )
@@ -100,3 +101,33 @@ def test_breakdown_longest_bar_ends_inside_the_plot_and_titles_follow_the_theme(
     assert chart.figure.title_style["fill"] == "var(--jp-ui-font-color1)"
     chart.update([])
     assert chart.y.max is None
+
+
+PLAN: dict[str, Any] = {
+    "budget_bytes": 12 * 2**30,
+    "checkpoint": ["transformer.h.0", "transformer.h.1"],
+    "blocks": [f"transformer.h.{i}" for i in range(12)],
+    "precision": None,
+    "optimizer": "adamw-fused",
+    "fits": True,
+    "predicted_peak_bytes": 11 * 2**30,
+    "predicted_step_s": 0.2068,
+    "measured_peak_bytes": 11 * 2**30 + 300 * MiB,
+    "measured_step_s": 0.2071,
+    "measured_fits": True,
+    "reasoning": ["Budget: 12.0 GiB.", "Plan: <checkpoint> 2 of 12 blocks & more."],
+}
+
+
+def test_plan_shows_prediction_beside_measurement() -> None:
+    page = plan_html(PLAN)
+    cells = re.findall(r"<t[hd][^>]*>([^<]*)</t[hd]>", page)
+    assert cells[:3] == ["", "predicted", "measured"]
+    assert cells[3:6] == ["peak", "11.0 GiB", "11.3 GiB"]
+    assert cells[6:9] == ["step", "207 ms", "207 ms"]
+    assert cells[9:12] == ["fits 12.0 GiB", "yes", "yes"]
+    assert "checkpoint 2 of 12 blocks: transformer.h.0, transformer.h.1" in page
+    assert "precision as it is; optimizer adamw-fused" in page
+    assert "&lt;checkpoint&gt; 2 of 12 blocks &amp; more." in page and "<checkpoint>" not in page
+    unmeasured = plan_html({**PLAN, "measured_peak_bytes": None, "measured_fits": None})
+    assert "not measured" in unmeasured
