@@ -37,6 +37,7 @@ from jupyter_gpumem.session import Measurement, MeasureOptions
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Applied, Config
+    from jupyter_gpumem.tuner.estimate import BatchSearch, Estimate
     from jupyter_gpumem.tuner.plan import Plan
 
 LossFn = Callable[[Any, Any], Any]
@@ -57,6 +58,15 @@ class TrialResult:
     step_s_all: tuple[float, ...]
     warnings: tuple[str, ...]
     report: Report | None = field(default=None, compare=False, repr=False)
+    # the trial's estimate of this configuration and batch, made before it was measured
+    estimate: Estimate | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def vs_estimate(self) -> str | None:
+        """``estimated 14.7 GiB, measured 14.6 GiB (error +0.4%)``; None without an estimate."""
+        if self.estimate is None:
+            return None
+        return self.estimate.against(self.peak_allocated_bytes)
 
     def to_row(
         self, baseline: TrialResult | None = None, budget_bytes: int | None = None
@@ -127,6 +137,8 @@ class Trial:
         self.steps = steps
         self.device = _device(torch, model, device)
         self._saved: _Saved | None = None
+        self._estimates: dict[Config, tuple[int, Estimate]] = {}  # the last, by configuration
+        self.last_search: BatchSearch | None = None  # max_batch_size's estimates
 
     def run(self, config: Config) -> TrialResult:
         """Measure one configuration; the model and optimizer come back unchanged."""
@@ -153,7 +165,7 @@ class Trial:
         except Exception as exc:
             return _failed(config, label, exc, "applying the configuration", None, self.device, ())
         try:
-            return self._measure(config, label, applied)
+            return self._with_estimate(self._measure(config, label, applied))
         finally:
             applied.revert()  # the state comes back before the next trial and after the last
 
@@ -217,6 +229,51 @@ class Trial:
         from jupyter_gpumem.tuner.plan import plan
 
         return plan(self, budget, techniques)
+
+    def estimate(self, batch: Any = None, **config: Any) -> Estimate:
+        """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.
+
+        ``config`` holds ``checkpoint=``, ``every=``, ``precision=``, ``optimizer=`` (as in
+        ``techniques.apply``) or ``config=Config(...)``; ``batch`` replaces the trial's batch.
+        A later ``run()`` of the same configuration and batch carries the estimate. See
+        :mod:`jupyter_gpumem.tuner.estimate`.
+        """
+        from jupyter_gpumem.tuner.estimate import config_of, estimate_trial
+
+        chosen = config_of(config)
+        found = estimate_trial(self, chosen, batch=batch)
+        if (batch is None or batch is self.batch) and found.peak_bytes is not None:
+            self._estimates[chosen] = (id(self.batch), found)
+        return found
+
+    def max_batch_size(
+        self,
+        budget: int | str,
+        make_batch: Callable[[int], Any],
+        low: int = 1,
+        high: int | None = None,
+        **config: Any,
+    ) -> int:
+        """The largest batch ``make_batch(n)`` whose estimated peak fits ``budget``.
+
+        ``make_batch`` is called under the fake mode, so its tensors take no memory; the
+        estimates are in ``trial.last_search``. Raises EstimateUnavailable with the reason
+        where a size cannot be estimated.
+        """
+        from jupyter_gpumem.tuner.estimate import config_of, max_batch_size
+
+        search = max_batch_size(
+            self, budget, make_batch, low=low, high=high, config=config_of(config)
+        )
+        self.last_search = search
+        return search.batch_size
+
+    def _with_estimate(self, result: TrialResult) -> TrialResult:
+        """The result with the estimate made for its configuration and the trial's batch."""
+        made = self._estimates.get(result.config)
+        if made is None or made[0] != id(self.batch):
+            return result
+        return replace(result, estimate=made[1])
 
     @contextmanager
     def _preserved(self) -> Iterator[None]:

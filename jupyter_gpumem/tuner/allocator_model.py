@@ -1,0 +1,205 @@
+"""The CUDA caching allocator played forward: it picks the blocks, for runs that never touched a GPU.
+
+:mod:`jupyter_gpumem.analysis.replay` replays a recorded trace, where the real allocator chose
+every address. An estimate has no real allocator, so this model chooses them as the real one does
+by default, and writes down what it did as the allocator's own trace (``segment_alloc``,
+``alloc``, ``free_requested``, ``free_completed``), which :func:`~jupyter_gpumem.analysis.replay.replay`
+then reads like any recorded window.
+
+The rules (``c10/cuda/CUDACachingAllocator.cpp``, default settings):
+
+- a request is rounded up to a multiple of 512 bytes; up to 1 MiB it is served from the small
+  pool, above from the large pool;
+- the smallest free block of the pool that is large enough is taken, the lowest address first;
+- a block is split when what remains is at least 512 bytes (small pool) or more than 1 MiB
+  (large pool); otherwise the whole block is allocated and counted;
+- with no block large enough, a segment is reserved: 2 MiB for the small pool, 20 MiB for
+  requests under 10 MiB, else the request rounded up to 2 MiB;
+- a freed block merges with free neighbours of its segment; segments are kept (reserved).
+
+Pure: touches neither torch nor CUDA.
+
+Known limitations:
+- One stream: blocks of segments made on other streams are never handed out.
+- No device limit: where the real allocator would release its cache and retry before failing,
+  the model keeps reserving, so reserved bytes near the limit are an upper bound.
+- ``expandable_segments``, ``max_split_size_mb``, ``roundup_power2_divisions`` and the
+  ``cudaMallocAsync`` backend are not modelled.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from jupyter_gpumem.analysis.replay import MIN_BLOCK, SMALL_SEGMENT, SMALL_SIZE, round_size
+from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
+
+LARGE_SEGMENT = 20 << 20  # requests in (1 MiB, 10 MiB) share segments of this size
+MIN_LARGE_ALLOC = 10 << 20  # requests from this size on get a segment of their own
+ROUND_LARGE = 2 << 20  # which is rounded up to this
+
+
+def segment_size(size: int) -> int:
+    """Bytes the allocator reserves (cudaMalloc) when no cached block fits ``size``."""
+    if size <= SMALL_SIZE:
+        return SMALL_SEGMENT
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return ROUND_LARGE * -(-size // ROUND_LARGE)
+
+
+@dataclass(slots=True, eq=False)
+class _Block:
+    address: int
+    size: int
+    allocated: bool
+    segment: int
+    small: bool
+    usable: bool  # False for blocks of segments on other streams
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+class CachingAllocator:
+    """The allocator's blocks and segments; ``malloc`` and ``free`` append to ``events``.
+
+    ``segments`` is the layout to start from (as a snapshot gives it); the segments whose
+    addresses are in ``foreign`` belong to other streams: reserved, but never allocated from.
+    """
+
+    def __init__(
+        self, segments: Sequence[SegmentState] = (), *, foreign: Collection[int] = ()
+    ) -> None:
+        self.events: list[TraceEvent] = []
+        self.allocated = 0
+        self.reserved = 0
+        self._blocks: dict[int, _Block] = {}
+        self._heads: dict[int, _Block] = {}  # segment address -> its first block
+        self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # (size, address)
+        end = 1 << 32
+        for seg in sorted(segments, key=lambda s: s.address):
+            self._add_segment(seg, usable=seg.address not in foreign)
+            end = max(end, seg.address + seg.total_size)
+        self._next_address = ROUND_LARGE * -(-(end + ROUND_LARGE) // ROUND_LARGE)
+
+    # -- the allocator's two calls ---------------------------------------------------------
+    def malloc(self, requested: int, time_us: int = 0) -> int:
+        """Allocate ``requested`` bytes; returns the block's address."""
+        size = round_size(requested)
+        small = size <= SMALL_SIZE
+        pool = self._free[small]
+        i = bisect.bisect_left(pool, (size, -1))
+        if i < len(pool):
+            block = self._blocks[pool.pop(i)[1]]
+        else:
+            block = self._new_segment(segment_size(size), small, time_us)
+        remaining = block.size - size
+        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+            rest = _Block(
+                block.address + size,
+                remaining,
+                False,
+                block.segment,
+                small,
+                True,
+                prev=block,
+                next=block.next,
+            )
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self._blocks[rest.address] = rest
+            bisect.insort(pool, (rest.size, rest.address))
+        block.allocated = True
+        self.allocated += block.size
+        self.events.append(TraceEvent("alloc", block.address, requested, time_us))
+        return block.address
+
+    def free(self, address: int, time_us: int = 0) -> None:
+        """Free the block at ``address``, merging it with free neighbours."""
+        block = self._blocks.get(address)
+        if block is None or not block.allocated:
+            raise ValueError(f"free of {address:#x}, which the model does not hold as allocated")
+        block.allocated = False
+        self.allocated -= block.size
+        self.events.append(TraceEvent("free_requested", address, block.size, time_us))
+        self.events.append(TraceEvent("free_completed", address, block.size, time_us))
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated and neighbour.usable:
+                self._free[neighbour.small].remove((neighbour.size, neighbour.address))
+                block = self._merge(block, neighbour)
+        if block.usable:
+            bisect.insort(self._free[block.small], (block.size, block.address))
+
+    def block_size(self, address: int) -> int | None:
+        """The size of the allocated block that starts at ``address``; None if there is none."""
+        block = self._blocks.get(address)
+        return block.size if block is not None and block.allocated else None
+
+    def layout(self) -> tuple[SegmentState, ...]:
+        """The segments and their blocks now, as a snapshot would show them."""
+        out = []
+        for address, head in sorted(self._heads.items()):
+            blocks: list[BlockState] = []
+            total = 0
+            block: _Block | None = head
+            while block is not None:
+                blocks.append(
+                    BlockState(block.address, block.size, ALLOCATED if block.allocated else FREE)
+                )
+                total += block.size
+                block = block.next
+            out.append(SegmentState(address, total, head.small, tuple(blocks)))
+        return tuple(out)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _add_segment(self, seg: SegmentState, *, usable: bool) -> None:
+        chain = seg.blocks or (BlockState(seg.address, seg.total_size, FREE),)
+        prev: _Block | None = None
+        for b in sorted(chain, key=lambda b: b.address):
+            allocated = b.state == ALLOCATED
+            block = _Block(
+                b.address, b.size, allocated, seg.address, seg.is_small, usable, prev=prev
+            )
+            if prev is None:
+                self._heads[seg.address] = block
+            else:
+                prev.next = block
+            self._blocks[b.address] = block
+            if allocated:
+                self.allocated += b.size
+            prev = block
+        # neighbouring free blocks of a snapshot are already merged by the allocator; merge
+        # here too, since a layout edited by the caller (freed tensors) may have new ones
+        at: _Block | None = self._heads[seg.address]
+        while at is not None:
+            nxt = at.next
+            if nxt is not None and not at.allocated and not nxt.allocated:
+                at = self._merge(at, nxt)
+                continue
+            if not at.allocated and usable:
+                bisect.insort(self._free[at.small], (at.size, at.address))
+            at = nxt
+        self.reserved += seg.total_size
+
+    def _new_segment(self, size: int, small: bool, time_us: int) -> _Block:
+        address = self._next_address
+        self._next_address += ROUND_LARGE * -(-size // ROUND_LARGE)
+        block = _Block(address, size, False, address, small, True)
+        self._blocks[address] = block
+        self._heads[address] = block
+        self.reserved += size
+        self.events.append(TraceEvent("segment_alloc", address, size, time_us))
+        return block
+
+    def _merge(self, block: _Block, other: _Block) -> _Block:
+        first, second = (other, block) if other.address < block.address else (block, other)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        del self._blocks[second.address]
+        return first

@@ -1,0 +1,262 @@
+"""From a fake run to the peak a real trial would measure, through the same replay and breakdown.
+
+On a GPU the trial's peak is the allocator's counter: every block on the device, rounded and
+split by the caching allocator, the blocks the trial finds there included. So the fake run's
+allocations are handed to :class:`~jupyter_gpumem.tuner.allocator_model.CachingAllocator`,
+started from the device's real layout as the trial will find it (the user's gradients and
+optimizer state freed, empty segments released, as ``Trial`` does before its first step), and
+the trace it writes is replayed by :func:`~jupyter_gpumem.analysis.replay.replay` and
+categorised by :func:`~jupyter_gpumem.analysis.breakdown.categorize`, as a measured window is.
+
+On the CPU the trial's peak is the dispatch source's: exact storage bytes of the storages the
+model, optimizer and batch hold when the measured steps begin, and of those the steps make,
+replayed by :func:`~jupyter_gpumem.analysis.replay.replay_exact`.
+
+The device's library workspaces (cuBLAS, cuBLASLt, one per thread that runs matmuls) are made
+once per device by a few tiny matmuls, forward and backward, so that the layout holds them as
+the trial's first step would; the CUDA context and other memory outside PyTorch's allocator is
+read from NVML at the same time. Both are cached for the process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
+from jupyter_gpumem.analysis.replay import Live, Replay, replay, replay_exact
+from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
+from jupyter_gpumem.tuner.allocator_model import CachingAllocator
+from jupyter_gpumem.tuner.fake_step import FakeRun
+
+_MODELLED_CONF = ("expandable_segments", "max_split_size_mb", "roundup_power2", "cudaMallocAsync")
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The measured window's peak as the analysis sees it."""
+
+    peak_bytes: int
+    peak_reserved_bytes: int
+    breakdown: dict[str, int]
+    phase: str | None
+    resident_bytes: int | None  # on the device before the trial and not the trial's (GPU only)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What one GPU adds to every run, measured once per process."""
+
+    name: str
+    total_bytes: int
+    workspace_bytes: int  # library workspaces this measurement had to create (0: already there)
+    context_bytes: int | None  # NVML's figure for the process minus PyTorch's reserved bytes
+
+
+_FACTS: dict[str, DeviceFacts] = {}
+
+
+def device_facts(torch: Any, device: Any) -> DeviceFacts:
+    """The device's library workspaces made (once), its CUDA context and size; cached."""
+    key = str(device)
+    facts = _FACTS.get(key)
+    if facts is not None:
+        return facts
+    from jupyter_gpumem.tracking.process import process_bytes
+
+    before = torch.cuda.memory_allocated(device)
+    with torch.cuda.device(device):
+        dtypes = [torch.float32, torch.float16]
+        if torch.cuda.is_bf16_supported():
+            dtypes.append(torch.bfloat16)
+        w = torch.ones(64, 64, device=device, requires_grad=True)
+        b = torch.ones(64, device=device, requires_grad=True)
+        for dtype in dtypes:
+            x = w.to(dtype)
+            y = torch.nn.functional.linear(x, x, b.to(dtype))  # addmm: cuBLASLt
+            z = torch.bmm(y[None], x[None]) @ x  # bmm and mm: cuBLAS
+            z.float().sum().backward()  # the same on autograd's device thread
+        del w, b, x, y, z
+        torch.cuda.synchronize(device)
+    made = max(0, torch.cuda.memory_allocated(device) - before)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    nvml = process_bytes().get(index)
+    reserved = torch.cuda.memory_reserved(device)
+    props = torch.cuda.get_device_properties(device)
+    facts = DeviceFacts(
+        name=props.name,
+        total_bytes=int(props.total_memory),
+        workspace_bytes=made,
+        context_bytes=None if nvml is None else max(0, nvml - reserved),
+    )
+    _FACTS[key] = facts
+    return facts
+
+
+def allocator_notes() -> list[str]:
+    """Allocator settings the model does not follow, as notes."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    found = [name for name in _MODELLED_CONF if name in conf]
+    if not found:
+        return []
+    return [
+        f"PYTORCH_CUDA_ALLOC_CONF sets {', '.join(found)}, which the allocator model does not "
+        "follow: block sizes may differ from the real run's"
+    ]
+
+
+def start_layout(
+    torch: Any, device: Any, drop: Collection[int]
+) -> tuple[tuple[SegmentState, ...], frozenset[int]]:
+    """The device's segments as the trial will find them, and those of other streams.
+
+    Blocks at the addresses in ``drop`` (the user's gradients and optimizer state, which the
+    trial clears) are free; segments left with no allocated block are released, as the trial's
+    ``empty_cache()`` does.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    segments: list[SegmentState] = []
+    foreign: set[int] = set()
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", 0) != index:
+            continue
+        blocks = tuple(
+            BlockState(
+                int(b["address"]),
+                int(b["size"]),
+                ALLOCATED
+                if b["state"] == "active_allocated" and int(b["address"]) not in drop
+                else FREE,
+            )
+            for b in seg.get("blocks", ())
+        )
+        if not any(b.state == ALLOCATED for b in blocks):
+            continue
+        segments.append(
+            SegmentState(
+                int(seg["address"]),
+                int(seg["total_size"]),
+                seg.get("segment_type") == "small",
+                blocks,
+            )
+        )
+        if seg.get("stream", 0) != stream:
+            foreign.add(int(seg["address"]))
+    return tuple(segments), frozenset(foreign)
+
+
+def cuda_peaks(
+    run: FakeRun, segments: Sequence[SegmentState], foreign: Collection[int] = ()
+) -> Peaks:
+    """The fake run's storages placed by the allocator model, from ``segments`` on."""
+    alloc = CachingAllocator(segments, foreign=foreign)
+    address: dict[int, int] = {}
+    resident = alloc.allocated
+    for i in run.existing:
+        real = run.real.get(i)
+        size = alloc.block_size(real) if real is not None else None
+        if size is not None:
+            address[i] = real  # type: ignore[assignment]  # real is not None where size is
+            resident -= size
+    for i in run.existing:
+        if i not in address and run.sizes[i]:
+            address[i] = alloc.malloc(run.sizes[i], 0)  # a fake storage with no real block
+    born: dict[int, int] = {}  # storage -> clock, for those the measured steps allocate
+    at_birth: dict[int, int] = {}
+    window: tuple[tuple[SegmentState, ...], int, int, int, dict[int, int]] | None = None
+    for n, (action, i, clock) in enumerate(run.events):
+        if n == run.window:
+            window = (
+                alloc.layout(),
+                len(alloc.events),
+                alloc.allocated,
+                alloc.reserved,
+                dict(address),
+            )
+        if action == "alloc":
+            if run.sizes[i]:
+                address[i] = alloc.malloc(run.sizes[i], clock)
+                if window is not None:
+                    born[i], at_birth[i] = clock, address[i]
+        elif i in address:
+            alloc.free(address.pop(i), clock)
+    if window is None:  # the measured steps allocated and freed nothing
+        window = (alloc.layout(), len(alloc.events), alloc.allocated, alloc.reserved, dict(address))
+    start, first, allocated, reserved, at_window = window
+    events = alloc.events[first:]
+    result = replay(start, events, allocated_start=allocated, reserved_start=reserved)
+    if not result.exact:
+        raise RuntimeError(f"the allocator model's trace does not replay: {result.reason}")
+    start_blocks = [
+        Live(b.address, b.size, b.size, -1)
+        for seg in start
+        for b in seg.blocks
+        if b.state == ALLOCATED
+    ]
+    tags = _tags(run, at_window, at_birth, born)
+    return _peaks(run, result, events, start_blocks, tags, resident)
+
+
+def cpu_peaks(run: FakeRun) -> Peaks:
+    """The dispatch source's view: storages held at the window's start and those made after."""
+    start = [i for i in run.live_at_window if i in run.reachable and run.sizes[i]]
+    followed = set(start)
+    events: list[TraceEvent] = []
+    born: dict[int, int] = {}
+    for action, i, clock in run.events[run.window :]:
+        size = run.sizes[i]
+        if action == "alloc":
+            if size:
+                events.append(TraceEvent("alloc", _cpu_address(i), size, clock))
+                followed.add(i)
+                born[i] = clock
+        elif i in followed:
+            followed.discard(i)
+            events.append(TraceEvent("free_requested", _cpu_address(i), size, clock))
+            events.append(TraceEvent("free_completed", _cpu_address(i), size, clock))
+    start_blocks = [Live(_cpu_address(i), run.sizes[i], run.sizes[i], -1) for i in start]
+    result = replay_exact(events, start=start_blocks)
+    at_window = {i: _cpu_address(i) for i in start}
+    at_birth = {i: _cpu_address(i) for i in born}
+    tags = _tags(run, at_window, at_birth, born)
+    return _peaks(run, result, events, start_blocks, tags, None)
+
+
+def _cpu_address(i: int) -> int:
+    return (i + 1) * 512  # one address per storage: the exact replay needs no reuse
+
+
+def _tags(
+    run: FakeRun, at_window: dict[int, int], at_birth: dict[int, int], born: dict[int, int]
+) -> list[Tag]:
+    """The run's tags on the replay's addresses and clock."""
+    tags = []
+    for i, category in run.tags:
+        if i in at_birth:
+            tags.append(Tag(at_birth[i], category, born[i], run.sizes[i]))
+        elif i in at_window:
+            tags.append(Tag(at_window[i], category, run.window_clock, run.sizes[i]))
+    return tags
+
+
+def _peaks(
+    run: FakeRun,
+    result: Replay,
+    events: Sequence[TraceEvent],
+    start_blocks: Sequence[Live],
+    tags: Sequence[Tag],
+    resident: int | None,
+) -> Peaks:
+    breakdown = categorize(result.live_at_peak, events, tags, start_blocks, {})
+    when = events[result.peak_index].time_us if result.peak_index >= 0 else run.window_clock
+    phase, _ = peak_phase(run.marks, when)
+    return Peaks(
+        peak_bytes=result.peak_allocated,
+        peak_reserved_bytes=result.peak_reserved,
+        breakdown=breakdown,
+        phase=phase,
+        resident_bytes=resident,
+    )

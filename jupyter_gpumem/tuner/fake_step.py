@@ -1,0 +1,550 @@
+"""A trial's training steps run on fake tensors: what they allocate and free, and what each storage is.
+
+Fake tensors (``torch._subclasses.FakeTensorMode``) carry shapes, dtypes, strides and devices but
+no data, so a step of any size runs in host memory in a fraction of a second. The user's model
+runs as it is: for the duration of the run its parameters and buffers are replaced, in the module
+objects themselves, by fake tensors of the same layout (one fake storage per real storage, tied
+weights stay tied), and a shallow copy of the optimizer steps fake parameters. The configuration
+is applied with the same :func:`~jupyter_gpumem.techniques.apply_config` as a trial, and the step
+is the trial's: forward under ``autocast()``, ``backward()``, ``step()`` with the loss alive
+until the step ends.
+
+A dispatch mode above the fake mode sees every ATen op the step calls, as the CUDA allocator or
+our CPU source would: an output storage that no input shares is an allocation, and a weakref on
+the storage says when it is freed. Tags come from the same places as a measured cell's: the
+model's parameters and buffers, the batch (``inputs``), ``saved_tensors_hooks``
+(``activations``), the gradients after backward and the optimizer state after the step.
+
+Afterwards the model, its modules' attributes, the optimizer and the random generators (torch,
+CUDA, Python, NumPy) are as they were.
+
+Known limitations:
+- Memory a kernel allocates for itself without an op (cuDNN and attention workspaces,
+  cuBLAS's own workspace) is not seen; the estimate adds what it can measure once per device.
+- Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
+  whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
+  ``torch.compile``d modules cannot run; :class:`Unfakeable` says which.
+- Module attributes are restored by identity; tensors that the forward writes into objects
+  other than the model's modules (a global cache, say) keep the fake values it wrote.
+- Optimizers that keep references to the parameters outside ``param_groups`` and ``state``
+  step the fake parameters only where they read them from ``param_groups``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import sys
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpumem.records import PhaseMark
+from jupyter_gpumem.tracking.namespace import walk
+
+
+class Unfakeable(Exception):
+    """The step cannot run on fake tensors; the message says why, in the user's terms."""
+
+
+@dataclass(frozen=True)
+class FakeRun:
+    """What the fake steps did to one device's memory; storages are numbered in order of birth."""
+
+    device: str
+    sizes: tuple[int, ...]  # bytes of storage i
+    real: Mapping[int, int]  # storage i stands for the real storage at this address (same device)
+    existing: tuple[int, ...]  # storages alive before the run: the model's, the trial's batch
+    events: tuple[tuple[str, int, int], ...]  # ("alloc" or "free", storage, clock)
+    window: int  # index of the first event of the measured steps
+    window_clock: int
+    live_at_window: tuple[int, ...]  # storages alive when the measured steps began
+    reachable: frozenset[int]  # of those, the ones the model, optimizer and batch hold
+    tags: tuple[tuple[int, str], ...]  # (storage, category), possibly several per storage
+    marks: tuple[PhaseMark, ...]  # phase marks on the clock of the events
+
+
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    __slots__ = ("index", "key", "size")
+
+    index: int
+    key: int
+    size: int
+
+
+class StorageLog:
+    """Fake storages of one device: births, deaths, tags and phase marks on a shared clock."""
+
+    def __init__(self, torch: Any, device: Any, mode: Any) -> None:
+        self.torch = torch
+        self.device = device
+        self.mode = mode  # the fake mode, to find the fakes it made of real inputs
+        self.sizes: list[int] = []
+        self.real: dict[int, int] = {}
+        self.existing: list[int] = []
+        self.events: list[tuple[str, int, int]] = []
+        self.tags: list[tuple[int, str]] = []
+        self.marks: list[PhaseMark] = []
+        self.recording = False
+        self.step = 0
+        self.clock = 0
+        self._live: dict[int, _Ref] = {}  # StorageImpl address -> its weakref
+        self._lock = threading.RLock()  # frees arrive from autograd's threads
+        self._on_free_cb = self._on_free
+
+    # -- storages ------------------------------------------------------------------------
+    def adopt(self, tensor: Any, real_address: int | None, category: str | None) -> None:
+        """A fake storage that stands for a real one, alive before the run."""
+        if tensor.device != self.device:
+            return
+        st = tensor.untyped_storage()
+        if st._cdata in self._live:
+            index = self._live[st._cdata].index
+        else:
+            index = self._add(st, event=False)
+            self.existing.append(index)
+            if real_address:
+                self.real[index] = real_address
+        if category is not None:
+            self.tags.append((index, category))
+
+    def record(self, out: Any, args: Any, kwargs: Mapping[str, Any] | None) -> None:
+        """After an op: its output storages that no input shares are new."""
+        tensor = self.torch.Tensor
+        outputs = [out] if isinstance(out, tensor) else _tensors(out, tensor, [])
+        inputs: set[int] | None = None
+        for t in outputs:
+            if t.device != self.device:
+                continue
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            ref = self._live.get(st._cdata)
+            if ref is not None:
+                if st.nbytes() != ref.size:  # resized in place: a new block
+                    self._drop(ref)
+                    self._add(st, event=True)
+                continue
+            if inputs is None:
+                inputs = self._input_keys(args, kwargs)
+            if st._cdata not in inputs:
+                self._add(st, event=True)
+
+    def tag(self, value: Any, category: str) -> None:
+        if not isinstance(value, self.torch.Tensor) or value.device != self.device:
+            return
+        try:
+            ref = self._live.get(value.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError):
+            return
+        if ref is not None:
+            self.tags.append((ref.index, category))
+
+    def live(self) -> dict[int, int]:
+        """Storage index by StorageImpl address, for the storages alive now."""
+        with self._lock:
+            return {key: ref.index for key, ref in self._live.items()}
+
+    def mark(self, phase: str) -> None:
+        with self._lock:
+            self.clock += 1  # after every event so far, before every later one
+            self.marks.append(PhaseMark(self.clock, phase, self.step))
+
+    def _add(self, st: Any, *, event: bool) -> int:
+        with self._lock:
+            index = len(self.sizes)
+            self.sizes.append(st.nbytes())
+            ref = _Ref(st, self._on_free_cb)
+            ref.index, ref.key, ref.size = index, st._cdata, st.nbytes()
+            self._live[ref.key] = ref
+            if event and self.recording:
+                self.clock += 1
+                self.events.append(("alloc", index, self.clock))
+            return index
+
+    def _drop(self, ref: _Ref) -> None:
+        with self._lock:
+            if self._live.get(ref.key) is not ref:
+                return
+            del self._live[ref.key]
+            if self.recording:
+                self.clock += 1
+                self.events.append(("free", ref.index, self.clock))
+
+    def _on_free(self, ref: weakref.ref[Any]) -> None:
+        assert isinstance(ref, _Ref)
+        self._drop(ref)
+
+    def _input_keys(self, args: Any, kwargs: Mapping[str, Any] | None) -> set[int]:
+        tensor, fake = self.torch.Tensor, _fake_class()
+        found = _tensors(args, tensor, [])
+        if kwargs:
+            _tensors(kwargs, tensor, found)
+        keys = set()
+        for t in found:
+            if not isinstance(t, fake):  # a real tensor: the op saw the fake made of it
+                t = self.mode.from_tensor(t)
+            try:
+                keys.add(t.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):
+                continue
+        return keys
+
+
+def _tensors(obj: Any, tensor: type, into: list[Any]) -> list[Any]:
+    """Tensors in ``obj`` and its nested tuples, lists and dict values."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if not isinstance(obj, (tuple, list)):
+        return into
+    for item in obj:
+        if isinstance(item, tensor):
+            into.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            _tensors(item, tensor, into)
+    return into
+
+
+@functools.cache
+def _fake_class() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+@functools.cache
+def _recording_mode() -> type:
+    """The dispatch mode class, defined on first use so that importing needs no torch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Recording(TorchDispatchMode):
+        def __init__(self, log: StorageLog) -> None:
+            super().__init__()
+            self.log = log
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            self.log.record(out, args, kwargs)
+            return out
+
+    return _Recording
+
+
+# -- fakes of the user's objects ----------------------------------------------------------
+class _Faker:
+    """Fake tensors laid out as real ones: one fake storage per real storage."""
+
+    def __init__(self, torch: Any, log: StorageLog) -> None:
+        self.torch = torch
+        self.log = log
+        self._bases: dict[int, Any] = {}  # real StorageImpl address -> fake uint8 storage
+        self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
+
+    def fake(self, t: Any, category: str | None) -> Any:
+        torch = self.torch
+        made = self.by_id.get(id(t))
+        if made is None:
+            st = t.untyped_storage()
+            base = self._bases.get(st._cdata)
+            if base is None:
+                base = self._bases[st._cdata] = torch.empty(
+                    st.nbytes(), dtype=torch.uint8, device=t.device
+                )
+            try:
+                made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+            except RuntimeError:  # a storage whose size is no multiple of the dtype's
+                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+            if isinstance(t, torch.nn.Parameter):
+                made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
+            else:
+                made = made.detach().requires_grad_(t.requires_grad)
+            self.by_id[id(t)] = made
+            real = st.data_ptr() if t.device.type == "cuda" else None
+            self.log.adopt(made, real, category)
+        elif category is not None:
+            self.log.tag(made, category)
+        return made
+
+    def done(self) -> None:
+        """Forget the fakes, so that a fake storage dies when the run drops it (a cast)."""
+        self._bases.clear()
+        self.by_id.clear()
+
+
+@contextmanager
+def _swapped(torch: Any, model: Any, faker: _Faker) -> Iterator[None]:
+    """The model's parameters and buffers replaced by fakes; every module attribute put back."""
+    modules = list(model.modules())
+    saved = [(m, vars(m).copy(), dict(m._parameters), dict(m._buffers)) for m in modules]
+    try:
+        for m in modules:
+            for name, p in list(m._parameters.items()):
+                if p is not None:
+                    m._parameters[name] = faker.fake(p, "parameters")
+            for name, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[name] = faker.fake(b, "parameters")
+        yield
+    finally:
+        for m, attrs, params, buffers in saved:
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            now = vars(m)
+            for key in [k for k in now if k not in attrs]:
+                del now[key]
+            for key, value in attrs.items():
+                if now.get(key, _MISSING) is not value:
+                    now[key] = value
+
+
+_MISSING = object()
+
+
+def _fake_optimizer(torch: Any, optimizer: Any, faker: _Faker) -> Any:
+    """A shallow copy of ``optimizer`` over the fake parameters, with no state."""
+    fake = copy.copy(optimizer)
+    attrs = vars(fake)
+    for key, value in list(attrs.items()):
+        # an instance attribute shadowing a method (an LR scheduler's step wrapper) would
+        # call the user's optimizer
+        if callable(value) and hasattr(type(optimizer), key):
+            del attrs[key]
+        elif isinstance(value, OrderedDict) and key.endswith("_hooks"):
+            attrs[key] = OrderedDict(value)
+    groups = []
+    for group in optimizer.param_groups:
+        copied = {}
+        for key, value in group.items():
+            if key == "params":
+                copied[key] = [faker.fake(p, "parameters") for p in value]
+            elif isinstance(value, torch.Tensor):
+                copied[key] = faker.fake(value, None)
+            else:
+                copied[key] = copy.deepcopy(value)
+        groups.append(copied)
+    fake.param_groups = groups
+    fake.state = defaultdict(dict)
+    return fake
+
+
+def _fake_batch(torch: Any, batch: Any, faker: _Faker) -> Any:
+    from torch.utils._pytree import tree_map
+
+    fake_type = _fake_class()
+
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
+            return faker.fake(value, "inputs")
+        if isinstance(value, fake_type):
+            faker.log.tag(value, "inputs")
+        return value
+
+    return tree_map(one, batch)
+
+
+def _foreach_as_real(torch: Any, optimizer: Any, real_of: Mapping[int, Any]) -> None:
+    """The foreach choice the real parameters would get: fake ones never default to it."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    for group in optimizer.param_groups:
+        if "foreach" not in group or group["foreach"] is not None or group.get("fused"):
+            continue
+        real: list[Any] = [real_of.get(id(p)) for p in group["params"]]
+        if any(r is None for r in real):
+            continue
+        _, foreach = _default_to_fused_or_foreach(real, group.get("differentiable", False))
+        group["foreach"] = foreach
+
+
+# -- the run -------------------------------------------------------------------------------
+def run_fake(
+    model: Any,
+    optimizer: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    device: Any,
+    config: Any,
+    *,
+    batch: Any = None,
+    make_batch: Callable[[], Any] | None = None,
+    warmup: int = 1,
+    steps: int = 1,
+) -> FakeRun:
+    """Apply ``config`` and run ``warmup`` then ``steps`` training steps on fake tensors.
+
+    The batch is ``batch`` (real tensors, taken to be alive already) or what ``make_batch()``
+    returns when called under the fake mode (allocated at the start of the run).
+    Raises :class:`Unfakeable` when the step cannot run on fake tensors.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jupyter_gpumem.techniques import apply_config
+
+    compiled = _compiled(torch, model)
+    if compiled:
+        raise Unfakeable(
+            f"module {compiled!r} is compiled with torch.compile, whose generated kernels fake "
+            "tensors cannot run; estimate the uncompiled model (the memory is close) or measure"
+        )
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    log = StorageLog(torch, device, mode)
+    faker = _Faker(torch, log)
+    real_params = {id(p): p for p in model.parameters()}
+    with _rng_kept(torch), mode, _swapped(torch, model, faker):
+        fake_opt = None if optimizer is None else _fake_optimizer(torch, optimizer, faker)
+        real_of = {id(faker.by_id[i]): p for i, p in real_params.items() if i in faker.by_id}
+        fake_batch = None if make_batch is not None else _fake_batch(torch, batch, faker)
+        faker.done()
+        recording = _recording_mode()(log)
+        applied = None
+        try:
+            with recording:
+                log.recording = True
+                if make_batch is not None:
+                    fake_batch = _fake_batch(torch, make_batch(), faker)
+                    faker.done()
+                applied = apply_config(model, config, fake_opt)
+                if applied.optimizer is not None:
+                    _foreach_as_real(torch, applied.optimizer, real_of)
+                window = _steps(torch, applied, loss_fn, fake_batch, log, warmup, steps)
+                log.recording = False
+        except Unfakeable:
+            raise
+        except Exception as exc:
+            raise Unfakeable(_reason(exc)) from exc
+        finally:
+            log.recording = False
+            if applied is not None:
+                applied.revert()
+    return FakeRun(
+        device=str(device),
+        sizes=tuple(log.sizes),
+        real=dict(log.real),
+        existing=tuple(log.existing),
+        events=tuple(log.events),
+        window=window[0],
+        window_clock=window[1],
+        live_at_window=window[2],
+        reachable=window[3],
+        tags=tuple(log.tags),
+        marks=tuple(log.marks),
+    )
+
+
+def _steps(
+    torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog, warmup: int, steps: int
+) -> tuple[int, int, tuple[int, ...], frozenset[int]]:
+    """The trial's step, ``warmup + steps`` times; what the log held when the measured ones began."""
+    window: tuple[int, int, tuple[int, ...], frozenset[int]] = (0, 0, (), frozenset())
+    for i in range(warmup + steps):
+        if i == warmup:
+            # what the model holds now (a cast made new storages), as the tagger tags it
+            for t in (*applied.model.parameters(), *applied.model.buffers()):
+                log.tag(t, "parameters")
+            for t in _tensors([batch], torch.Tensor, []):
+                log.tag(t, "inputs")
+            live = log.live()
+            held = {"model": applied.model, "optimizer": applied.optimizer, "batch": batch}
+            keys = set()
+            for t, _, _ in walk(held):
+                try:
+                    keys.add(t.untyped_storage()._cdata)
+                except (RuntimeError, NotImplementedError):
+                    continue
+            reachable = frozenset(live[k] for k in keys if k in live)
+            window = (len(log.events), log.clock, tuple(sorted(live.values())), reachable)
+        log.step = i
+        _step(torch, applied, loss_fn, batch, log)
+    return window
+
+
+def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
+    """:meth:`Trial._timed_step` with tags and phase marks: the loss lives through the step."""
+
+    def pack(t: Any) -> Any:
+        log.tag(t, "activations")
+        return t
+
+    log.mark("forward")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), applied.autocast():
+        loss = loss_fn(applied.model, batch)
+    log.mark("backward")
+    applied.backward(loss)
+    for p in applied.model.parameters():
+        log.tag(p.grad, "gradients")
+    log.mark("optimizer")
+    optimizer = applied.optimizer
+    applied.step()
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                log.tag(value, "optimizer_state")
+    log.mark("other")
+    del loss
+
+
+def _compiled(torch: Any, model: Any) -> str | None:
+    """The name of a module compiled with torch.compile, if any."""
+    optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    wrapper = getattr(optimized, "OptimizedModule", None)
+    for name, m in model.named_modules():
+        if (wrapper is not None and isinstance(m, wrapper)) or getattr(
+            m, "_compiled_call_impl", None
+        ) is not None:
+            return name or type(m).__name__
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a step failed on fake tensors, in the user's terms."""
+    from torch._subclasses import fake_tensor as ft
+
+    func = getattr(exc, "func", None)
+    if isinstance(exc, ft.DynamicOutputShapeException):
+        return (
+            f"the step calls {func}, whose output shape depends on tensor values, which fake "
+            "tensors do not have"
+        )
+    if isinstance(exc, ft.DataDependentOutputException):
+        return (
+            f"the step reads tensor values ({func}: .item(), bool(t), .tolist() or fp16 loss "
+            "scaling's overflow check), which fake tensors do not have"
+        )
+    if isinstance(exc, ft.UnsupportedOperatorException):
+        return (
+            f"operator {func} has no fake implementation (register one with "
+            "torch.library.register_fake)"
+        )
+    if "fake impl" in str(exc) or "fake kernel" in str(exc):
+        return f"a custom operator has no fake implementation: {exc}"
+    return f"the step failed on fake tensors: {type(exc).__name__}: {exc}"
+
+
+@contextmanager
+def _rng_kept(torch: Any) -> Iterator[None]:
+    """The random generators as they were, whatever the run does (checkpointing sets them)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        if "numpy" in state:
+            sys.modules["numpy"].random.set_state(state["numpy"])
