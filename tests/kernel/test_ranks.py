@@ -31,11 +31,15 @@ from jupyter_gpumem.session import MeasureOptions, measure
 
 OWN = MeasureOptions(detail_steps=None, log=False, ranks=False)
 
+# A worker forked after the parent ran OpenMP-parallel ops hangs in its own (libgomp is not
+# fork-safe; a plain cell hangs as well): workers use one thread, as DataLoader workers do.
+
 def own_figure(rank, m, **more):
     with open(os.path.join(TMP, f"own-{rank}.json"), "w") as f:
         json.dump({"peak": m.report.peak_allocated_bytes, "pid": os.getpid(), **more}, f)
 
 def train(rank, world):
+    torch.set_num_threads(1)
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     modes = len(_get_current_dispatch_mode_stack())  # the kernel's recording is stopped here
     with measure(OWN) as m:
@@ -60,6 +64,7 @@ def gone(pid):
         return True
 
 def fails(rank):
+    torch.set_num_threads(1)
     with measure(OWN) as m:
         x = torch.ones(1000 * (rank + 1))
     own_figure(rank, m)
@@ -73,6 +78,7 @@ def fails(rank):
         raise ValueError("rank 1 fails")
 
 def killed(rank):
+    torch.set_num_threads(1)
     x = torch.ones(1000)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -296,6 +302,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.device_mesh import init_device_mesh
 
 def sharded(rank, world):
+    torch.set_num_threads(1)
     store = "file://" + os.path.join(TMP, "store")
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
