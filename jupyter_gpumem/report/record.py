@@ -74,7 +74,7 @@ class Report:
     execution_count: int | None
     started_at: float
     wall_s: float
-    status: str  # "ok", "error" or "oom"
+    status: str  # "ok", "error" or "oom"; "running": a worker still running when the cell ended
     error: str | None
     cuda_available: bool
     source: str  # "allocator-trace", "counters" or "none"

@@ -105,6 +105,7 @@ class RankWorker:
         self, fn: Callable[..., Any], i: int, args: tuple[Any, ...], error_file: str
     ) -> None:
         stop_inherited()
+        wrap = self.original or _torch_wrap()  # imports torch first in a spawned worker
         finish: RankFinish | None = None
         try:
             finish = self.measure(i)
@@ -112,7 +113,7 @@ class RankWorker:
             log.warning("jupyter_gpumem: rank %d is not measured: %r", i, exc)
         error: BaseException | None = None
         try:
-            (self.original or _torch_wrap())(fn, i, args, error_file)
+            wrap(fn, i, args, error_file)
         except BaseException as exc:  # SystemExit(1) after a failure, or the user's own exit
             error = exc
             raise
