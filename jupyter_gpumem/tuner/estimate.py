@@ -296,7 +296,10 @@ def max_batch_size(
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
     a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
     """
-    budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
+    try:
+        budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}") from None
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(
             f"budget must be a positive number of bytes or a size like '20GiB', got {budget!r}"

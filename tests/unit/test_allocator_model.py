@@ -1,0 +1,150 @@
+"""The allocator model: the caching allocator's rules, checked against a real trace and the replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpumem.analysis.replay import replay
+from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
+from jupyter_gpumem.tuner.allocator_model import CachingAllocator, segment_size
+from jupyter_gpumem.tuner.fake_peaks import cpu_peaks, cuda_peaks
+from jupyter_gpumem.tuner.fake_step import FakeRun
+
+MiB = 1 << 20
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"
+
+
+def test_segment_sizes_follow_the_allocator() -> None:
+    assert segment_size(512) == segment_size(MiB) == 2 * MiB
+    assert segment_size(MiB + 512) == segment_size(10 * MiB - 512) == 20 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB
+    assert segment_size(11 * MiB + 1) == 12 * MiB
+
+
+def test_rounding_splitting_and_reuse() -> None:
+    alloc = CachingAllocator()
+    a = alloc.malloc(100)
+    b = alloc.malloc(700)
+    assert b == a + 512  # small blocks split off one 2 MiB segment
+    assert (alloc.allocated, alloc.reserved) == (512 + 1024, 2 * MiB)
+    big = alloc.malloc(5 * MiB)  # a 20 MiB segment, split: the rest is over 1 MiB
+    assert alloc.reserved == 22 * MiB and alloc.allocated == 1536 + 5 * MiB
+    nearly = alloc.malloc(15 * MiB - 512)  # leaves 512 bytes: not split, the whole block counts
+    assert nearly == big + 5 * MiB and alloc.allocated == 1536 + 20 * MiB
+    alloc.free(nearly)
+    alloc.free(big)  # merges with its free neighbour: one 20 MiB block again
+    assert alloc.malloc(20 * MiB) == big and alloc.reserved == 22 * MiB
+    alloc.free(a)
+    assert alloc.malloc(300) == a  # the smallest free block that fits, lowest address first
+    with pytest.raises(ValueError, match="not hold"):
+        alloc.free(a + 1)
+
+
+def test_its_trace_replays_exactly() -> None:
+    start = (
+        SegmentState(
+            1 << 40,
+            20 * MiB,
+            False,
+            (
+                BlockState(1 << 40, 4 * MiB, ALLOCATED),
+                BlockState((1 << 40) + 4 * MiB, 4 * MiB, FREE),
+                BlockState((1 << 40) + 8 * MiB, 12 * MiB, FREE),  # merged with the one before
+            ),
+        ),
+    )
+    alloc = CachingAllocator(start)
+    assert (alloc.allocated, alloc.reserved) == (4 * MiB, 20 * MiB)
+    merged = alloc.layout()
+    assert [b.size for b in merged[0].blocks] == [4 * MiB, 16 * MiB]
+    assert alloc.malloc(16 * MiB) == (1 << 40) + 4 * MiB
+    live = [alloc.malloc(size) for size in (3, 5000, 3 * MiB, 40 * MiB, 700_000)]
+    for address in live[::2]:
+        alloc.free(address)
+    result = replay(merged, alloc.events, allocated_start=4 * MiB, reserved_start=20 * MiB)
+    assert result.exact, result.reason
+    assert (result.allocated_end, result.reserved_end) == (alloc.allocated, alloc.reserved)
+    again = replay(
+        alloc.layout(), [], allocated_start=alloc.allocated, reserved_start=alloc.reserved
+    )
+    assert again.exact
+
+
+def test_segments_of_other_streams_are_never_used() -> None:
+    other = SegmentState(1 << 40, 20 * MiB, False, (BlockState(1 << 40, 20 * MiB, FREE),))
+    alloc = CachingAllocator((other,), foreign={1 << 40})
+    assert alloc.malloc(2 * MiB) != 1 << 40 and alloc.reserved == 40 * MiB
+
+
+def test_the_real_allocators_counters_from_its_requests() -> None:
+    """The fixture's requests, in order, from its starting layout: the counters of the real
+    allocator (torch 2.11, H200) at the peak and at the end, to the byte."""
+    data = json.loads(FIXTURE.read_text())
+    start = tuple(
+        SegmentState(
+            s["address"],
+            s["total_size"],
+            s["is_small"],
+            tuple(BlockState(**b) for b in s["blocks"]),
+        )
+        for s in data["segments_before"]
+    )
+    alloc = CachingAllocator(start)
+    assert (alloc.allocated, alloc.reserved) == (data["allocated_before"], data["reserved_before"])
+    ours: dict[int, int] = {}
+    peak = alloc.allocated
+    for ev in (TraceEvent(**e) for e in data["events"]):
+        if ev.action == "alloc":
+            ours[ev.address] = alloc.malloc(ev.size)
+            peak = max(peak, alloc.allocated)
+        elif ev.action == "free_requested":
+            alloc.free(ours.pop(ev.address, ev.address))
+    assert peak == data["independent_peak_allocated"]
+    assert (alloc.allocated, alloc.reserved) == (data["allocated_after"], data["reserved_after"])
+
+
+def _run() -> FakeRun:
+    """Two parameters of 3 MiB and 1 KiB (the first on a real block), a warm-up step that makes
+    a 2 MiB state, a measured step with a 6 MiB activation and a 1 MiB temporary."""
+    sizes = (3 * MiB, 1024, 2 * MiB, 6 * MiB, MiB, 6 * MiB, MiB)
+    events = (
+        ("alloc", 3, 2), ("alloc", 4, 3), ("free", 4, 4), ("alloc", 2, 5), ("free", 3, 6),
+        ("alloc", 5, 9), ("alloc", 6, 10), ("free", 6, 11), ("free", 5, 12),
+    )  # fmt: skip
+    return FakeRun(
+        device="cuda:0",
+        sizes=sizes,
+        real={0: 1 << 40},
+        existing=(0, 1),
+        events=events,
+        window=5,
+        window_clock=7,
+        live_at_window=(0, 1, 2),
+        reachable=frozenset({0, 1, 2}),
+        tags=((0, "parameters"), (1, "parameters"), (2, "optimizer_state"), (5, "activations")),
+        marks=(),
+    )
+
+
+def test_cuda_peaks_start_from_the_real_layout() -> None:
+    resident = BlockState((1 << 40) + 3 * MiB, 5 * MiB, ALLOCATED)  # not the trial's
+    segment = SegmentState(
+        1 << 40, 20 * MiB, False, (BlockState(1 << 40, 3 * MiB, ALLOCATED), resident,
+                                   BlockState((1 << 40) + 8 * MiB, 12 * MiB, FREE))
+    )  # fmt: skip
+    peaks = cuda_peaks(_run(), (segment,))
+    assert peaks.resident_bytes == 5 * MiB
+    expected = {"parameters": 3 * MiB + 1024, "optimizer_state": 2 * MiB, "activations": 6 * MiB}
+    assert peaks.peak_bytes == 5 * MiB + sum(expected.values()) + MiB
+    assert peaks.breakdown["unattributed"] == 5 * MiB and peaks.breakdown["temporary"] == MiB
+    assert {k: peaks.breakdown[k] for k in expected} == expected
+    assert sum(peaks.breakdown.values()) == peaks.peak_bytes
+
+
+def test_cpu_peaks_count_exact_bytes_of_what_is_held() -> None:
+    peaks = cpu_peaks(_run())
+    assert peaks.peak_bytes == 3 * MiB + 1024 + 2 * MiB + 6 * MiB + MiB
+    assert peaks.breakdown["temporary"] == MiB and peaks.resident_bytes is None
