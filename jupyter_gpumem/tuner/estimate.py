@@ -132,7 +132,7 @@ class Estimate:
         return rows
 
     def _footer(self) -> str:
-        return f"from fake tensors in {format_seconds(self.wall_s)}; nothing ran on the device"
+        return f"predicted on fake tensors in {format_seconds(self.wall_s)}"
 
     def _repr_html_(self) -> str:
         esc = html.escape

@@ -3,8 +3,8 @@
 Fake tensors (``torch._subclasses.FakeTensorMode``) carry shapes, dtypes, strides and devices but
 no data, so a step of any size runs in host memory in a fraction of a second. The user's model
 runs as it is: for the duration of the run its parameters and buffers are replaced, in the module
-objects themselves, by fake tensors of the same layout (one fake storage per real storage, tied
-weights stay tied), and a shallow copy of the optimizer steps fake parameters. The configuration
+objects themselves, by fake tensors of the same layout, and a shallow copy of the optimizer
+steps them (:mod:`~jupyter_gpumem.tuner.fake_objects`). The configuration
 is applied with the same :func:`~jupyter_gpumem.techniques.apply_config` as a trial, and the step
 is the trial's: forward under ``autocast()``, ``backward()``, ``step()`` with the loss alive
 until the step ends.
@@ -24,28 +24,30 @@ Known limitations:
 - Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
   whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
   ``torch.compile``d modules cannot run; :class:`Unfakeable` says which.
-- Module attributes are restored by identity; tensors that the forward writes into objects
-  other than the model's modules (a global cache, say) keep the fake values it wrote.
-- Optimizers that keep references to the parameters outside ``param_groups`` and ``state``
-  step the fake parameters only where they read them from ``param_groups``.
+- See :mod:`~jupyter_gpumem.tuner.fake_objects` for what is put back and how.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import random
-import sys
 import threading
 import weakref
-from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.records import PhaseMark
 from jupyter_gpumem.tracking.namespace import walk
+from jupyter_gpumem.tuner.fake_objects import (
+    Faker,
+    fake_batch,
+    fake_class,
+    fake_optimizer,
+    foreach_as_real,
+    rng_kept,
+    swapped,
+    tensors_in,
+)
 
 
 class Unfakeable(Exception):
@@ -116,7 +118,7 @@ class StorageLog:
     def record(self, out: Any, args: Any, kwargs: Mapping[str, Any] | None) -> None:
         """After an op: its output storages that no input shares are new."""
         tensor = self.torch.Tensor
-        outputs = [out] if isinstance(out, tensor) else _tensors(out, tensor, [])
+        outputs = [out] if isinstance(out, tensor) else tensors_in(out, tensor, [])
         inputs: set[int] | None = None
         for t in outputs:
             if t.device != self.device:
@@ -182,10 +184,10 @@ class StorageLog:
         self._drop(ref)
 
     def _input_keys(self, args: Any, kwargs: Mapping[str, Any] | None) -> set[int]:
-        tensor, fake = self.torch.Tensor, _fake_class()
-        found = _tensors(args, tensor, [])
+        tensor, fake = self.torch.Tensor, fake_class()
+        found = tensors_in(args, tensor, [])
         if kwargs:
-            _tensors(kwargs, tensor, found)
+            tensors_in(kwargs, tensor, found)
         keys = set()
         for t in found:
             if not isinstance(t, fake):  # a real tensor: the op saw the fake made of it
@@ -195,27 +197,6 @@ class StorageLog:
             except (RuntimeError, NotImplementedError):
                 continue
         return keys
-
-
-def _tensors(obj: Any, tensor: type, into: list[Any]) -> list[Any]:
-    """Tensors in ``obj`` and its nested tuples, lists and dict values."""
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if not isinstance(obj, (tuple, list)):
-        return into
-    for item in obj:
-        if isinstance(item, tensor):
-            into.append(item)
-        elif isinstance(item, (tuple, list, dict)):
-            _tensors(item, tensor, into)
-    return into
-
-
-@functools.cache
-def _fake_class() -> type:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return FakeTensor
 
 
 @functools.cache
@@ -236,134 +217,6 @@ def _recording_mode() -> type:
             return out
 
     return _Recording
-
-
-# -- fakes of the user's objects ----------------------------------------------------------
-class _Faker:
-    """Fake tensors laid out as real ones: one fake storage per real storage."""
-
-    def __init__(self, torch: Any, log: StorageLog) -> None:
-        self.torch = torch
-        self.log = log
-        self._bases: dict[int, Any] = {}  # real StorageImpl address -> fake uint8 storage
-        self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
-
-    def fake(self, t: Any, category: str | None) -> Any:
-        torch = self.torch
-        made = self.by_id.get(id(t))
-        if made is None:
-            st = t.untyped_storage()
-            base = self._bases.get(st._cdata)
-            if base is None:
-                base = self._bases[st._cdata] = torch.empty(
-                    st.nbytes(), dtype=torch.uint8, device=t.device
-                )
-            try:
-                made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
-            except RuntimeError:  # a storage whose size is no multiple of the dtype's
-                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-            if isinstance(t, torch.nn.Parameter):
-                made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
-            else:
-                made = made.detach().requires_grad_(t.requires_grad)
-            self.by_id[id(t)] = made
-            real = st.data_ptr() if t.device.type == "cuda" else None
-            self.log.adopt(made, real, category)
-        elif category is not None:
-            self.log.tag(made, category)
-        return made
-
-    def done(self) -> None:
-        """Forget the fakes, so that a fake storage dies when the run drops it (a cast)."""
-        self._bases.clear()
-        self.by_id.clear()
-
-
-@contextmanager
-def _swapped(torch: Any, model: Any, faker: _Faker) -> Iterator[None]:
-    """The model's parameters and buffers replaced by fakes; every module attribute put back."""
-    modules = list(model.modules())
-    saved = [(m, vars(m).copy(), dict(m._parameters), dict(m._buffers)) for m in modules]
-    try:
-        for m in modules:
-            for name, p in list(m._parameters.items()):
-                if p is not None:
-                    m._parameters[name] = faker.fake(p, "parameters")
-            for name, b in list(m._buffers.items()):
-                if b is not None:
-                    m._buffers[name] = faker.fake(b, "parameters")
-        yield
-    finally:
-        for m, attrs, params, buffers in saved:
-            m._parameters.clear()
-            m._parameters.update(params)
-            m._buffers.clear()
-            m._buffers.update(buffers)
-            now = vars(m)
-            for key in [k for k in now if k not in attrs]:
-                del now[key]
-            for key, value in attrs.items():
-                if now.get(key, _MISSING) is not value:
-                    now[key] = value
-
-
-_MISSING = object()
-
-
-def _fake_optimizer(torch: Any, optimizer: Any, faker: _Faker) -> Any:
-    """A shallow copy of ``optimizer`` over the fake parameters, with no state."""
-    fake = copy.copy(optimizer)
-    attrs = vars(fake)
-    for key, value in list(attrs.items()):
-        # an instance attribute shadowing a method (an LR scheduler's step wrapper) would
-        # call the user's optimizer
-        if callable(value) and hasattr(type(optimizer), key):
-            del attrs[key]
-        elif isinstance(value, OrderedDict) and key.endswith("_hooks"):
-            attrs[key] = OrderedDict(value)
-    groups = []
-    for group in optimizer.param_groups:
-        copied = {}
-        for key, value in group.items():
-            if key == "params":
-                copied[key] = [faker.fake(p, "parameters") for p in value]
-            elif isinstance(value, torch.Tensor):
-                copied[key] = faker.fake(value, None)
-            else:
-                copied[key] = copy.deepcopy(value)
-        groups.append(copied)
-    fake.param_groups = groups
-    fake.state = defaultdict(dict)
-    return fake
-
-
-def _fake_batch(torch: Any, batch: Any, faker: _Faker) -> Any:
-    from torch.utils._pytree import tree_map
-
-    fake_type = _fake_class()
-
-    def one(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
-            return faker.fake(value, "inputs")
-        if isinstance(value, fake_type):
-            faker.log.tag(value, "inputs")
-        return value
-
-    return tree_map(one, batch)
-
-
-def _foreach_as_real(torch: Any, optimizer: Any, real_of: Mapping[int, Any]) -> None:
-    """The foreach choice the real parameters would get: fake ones never default to it."""
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-
-    for group in optimizer.param_groups:
-        if "foreach" not in group or group["foreach"] is not None or group.get("fused"):
-            continue
-        real: list[Any] = [real_of.get(id(p)) for p in group["params"]]
-        if any(r is None for r in real):
-            continue
-        _, foreach = _default_to_fused_or_foreach(real, group.get("differentiable", False))
-        group["foreach"] = foreach
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -398,12 +251,12 @@ def run_fake(
         )
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     log = StorageLog(torch, device, mode)
-    faker = _Faker(torch, log)
+    faker = Faker(torch, log)
     real_params = {id(p): p for p in model.parameters()}
-    with _rng_kept(torch), mode, _swapped(torch, model, faker):
-        fake_opt = None if optimizer is None else _fake_optimizer(torch, optimizer, faker)
+    with rng_kept(torch), mode, swapped(torch, model, faker):
+        fake_opt = None if optimizer is None else fake_optimizer(torch, optimizer, faker)
         real_of = {id(faker.by_id[i]): p for i, p in real_params.items() if i in faker.by_id}
-        fake_batch = None if make_batch is not None else _fake_batch(torch, batch, faker)
+        run_batch = None if make_batch is not None else fake_batch(torch, batch, faker)
         faker.done()
         recording = _recording_mode()(log)
         applied = None
@@ -411,12 +264,12 @@ def run_fake(
             with recording:
                 log.recording = True
                 if make_batch is not None:
-                    fake_batch = _fake_batch(torch, make_batch(), faker)
+                    run_batch = fake_batch(torch, make_batch(), faker)
                     faker.done()
                 applied = apply_config(model, config, fake_opt)
                 if applied.optimizer is not None:
-                    _foreach_as_real(torch, applied.optimizer, real_of)
-                window = _steps(torch, applied, loss_fn, fake_batch, log, warmup, steps)
+                    foreach_as_real(torch, applied.optimizer, real_of)
+                window = _steps(torch, applied, loss_fn, run_batch, log, warmup, steps)
                 log.recording = False
         except Unfakeable:
             raise
@@ -451,7 +304,7 @@ def _steps(
             # what the model holds now (a cast made new storages), as the tagger tags it
             for t in (*applied.model.parameters(), *applied.model.buffers()):
                 log.tag(t, "parameters")
-            for t in _tensors([batch], torch.Tensor, []):
+            for t in tensors_in([batch], torch.Tensor, []):
                 log.tag(t, "inputs")
             live = log.live()
             held = {"model": applied.model, "optimizer": applied.optimizer, "batch": batch}
@@ -528,23 +381,3 @@ def _reason(exc: BaseException) -> str:
     if "fake impl" in str(exc) or "fake kernel" in str(exc):
         return f"a custom operator has no fake implementation: {exc}"
     return f"the step failed on fake tensors: {type(exc).__name__}: {exc}"
-
-
-@contextmanager
-def _rng_kept(torch: Any) -> Iterator[None]:
-    """The random generators as they were, whatever the run does (checkpointing sets them)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(state["torch"])
-        random.setstate(state["python"])
-        if "cuda" in state:
-            torch.cuda.set_rng_state_all(state["cuda"])
-        if "numpy" in state:
-            sys.modules["numpy"].random.set_state(state["numpy"])

@@ -1,0 +1,196 @@
+"""Fakes of the user's objects for a fake run, and everything put back afterwards.
+
+The model's parameters and buffers are swapped, in the module objects themselves, for fake
+tensors of the same layout: one fake storage per real storage, so tied weights stay tied and
+views stay views. The optimizer is a shallow copy over the fake parameters with no state. The
+batch's tensors become fakes of the same layout. When the run ends every module attribute is put
+back by identity (what the forward wrote on a module goes), and so are the random generators.
+
+Known limitations:
+- Tensors that the forward writes into objects other than the model's modules (a global
+  cache, say) keep the fake values it wrote.
+- Optimizers that keep references to the parameters outside ``param_groups`` and ``state``
+  step the fake parameters only where they read them from ``param_groups``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import sys
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.tuner.fake_step import StorageLog
+
+
+def tensors_in(obj: Any, tensor: type, into: list[Any]) -> list[Any]:
+    """Tensors in ``obj`` and its nested tuples, lists and dict values."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if not isinstance(obj, (tuple, list)):
+        return into
+    for item in obj:
+        if isinstance(item, tensor):
+            into.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            tensors_in(item, tensor, into)
+    return into
+
+
+@functools.cache
+def fake_class() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+class Faker:
+    """Fake tensors laid out as real ones: one fake storage per real storage."""
+
+    def __init__(self, torch: Any, log: StorageLog) -> None:
+        self.torch = torch
+        self.log = log
+        self._bases: dict[int, Any] = {}  # real StorageImpl address -> fake uint8 storage
+        self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
+
+    def fake(self, t: Any, category: str | None) -> Any:
+        torch = self.torch
+        made = self.by_id.get(id(t))
+        if made is None:
+            st = t.untyped_storage()
+            base = self._bases.get(st._cdata)
+            if base is None:
+                base = self._bases[st._cdata] = torch.empty(
+                    st.nbytes(), dtype=torch.uint8, device=t.device
+                )
+            try:
+                made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+            except RuntimeError:  # a storage whose size is no multiple of the dtype's
+                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+            if isinstance(t, torch.nn.Parameter):
+                made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
+            else:
+                made = made.detach().requires_grad_(t.requires_grad)
+            self.by_id[id(t)] = made
+            real = st.data_ptr() if t.device.type == "cuda" else None
+            self.log.adopt(made, real, category)
+        elif category is not None:
+            self.log.tag(made, category)
+        return made
+
+    def done(self) -> None:
+        """Forget the fakes, so that a fake storage dies when the run drops it (a cast)."""
+        self._bases.clear()
+        self.by_id.clear()
+
+
+@contextmanager
+def swapped(torch: Any, model: Any, faker: Faker) -> Iterator[None]:
+    """The model's parameters and buffers replaced by fakes; every module attribute put back."""
+    modules = list(model.modules())
+    saved = [(m, vars(m).copy(), dict(m._parameters), dict(m._buffers)) for m in modules]
+    try:
+        for m in modules:
+            for name, p in list(m._parameters.items()):
+                if p is not None:
+                    m._parameters[name] = faker.fake(p, "parameters")
+            for name, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[name] = faker.fake(b, "parameters")
+        yield
+    finally:
+        for m, attrs, params, buffers in saved:
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            now = vars(m)
+            for key in [k for k in now if k not in attrs]:
+                del now[key]
+            for key, value in attrs.items():
+                if now.get(key, _MISSING) is not value:
+                    now[key] = value
+
+
+_MISSING = object()
+
+
+def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
+    """A shallow copy of ``optimizer`` over the fake parameters, with no state."""
+    fake = copy.copy(optimizer)
+    attrs = vars(fake)
+    for key, value in list(attrs.items()):
+        # an instance attribute shadowing a method (an LR scheduler's step wrapper) would
+        # call the user's optimizer
+        if callable(value) and hasattr(type(optimizer), key):
+            del attrs[key]
+        elif isinstance(value, OrderedDict) and key.endswith("_hooks"):
+            attrs[key] = OrderedDict(value)
+    groups = []
+    for group in optimizer.param_groups:
+        copied = {}
+        for key, value in group.items():
+            if key == "params":
+                copied[key] = [faker.fake(p, "parameters") for p in value]
+            elif isinstance(value, torch.Tensor):
+                copied[key] = faker.fake(value, None)
+            else:
+                copied[key] = copy.deepcopy(value)
+        groups.append(copied)
+    fake.param_groups = groups
+    fake.state = defaultdict(dict)
+    return fake
+
+
+def fake_batch(torch: Any, batch: Any, faker: Faker) -> Any:
+    from torch.utils._pytree import tree_map
+
+    fake_type = fake_class()
+
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
+            return faker.fake(value, "inputs")
+        if isinstance(value, fake_type):
+            faker.log.tag(value, "inputs")
+        return value
+
+    return tree_map(one, batch)
+
+
+def foreach_as_real(torch: Any, optimizer: Any, real_of: Mapping[int, Any]) -> None:
+    """The foreach choice the real parameters would get: fake ones never default to it."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    for group in optimizer.param_groups:
+        if "foreach" not in group or group["foreach"] is not None or group.get("fused"):
+            continue
+        real: list[Any] = [real_of.get(id(p)) for p in group["params"]]
+        if any(r is None for r in real):
+            continue
+        _, foreach = _default_to_fused_or_foreach(real, group.get("differentiable", False))
+        group["foreach"] = foreach
+
+
+@contextmanager
+def rng_kept(torch: Any) -> Iterator[None]:
+    """The random generators as they were, whatever the run does (checkpointing sets them)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        if "numpy" in state:
+            sys.modules["numpy"].random.set_state(state["numpy"])
