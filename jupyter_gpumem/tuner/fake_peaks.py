@@ -67,7 +67,7 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
     from jupyter_gpumem.tracking.process import process_bytes
 
     before = torch.cuda.memory_allocated(device)
-    with torch.cuda.device(device):
+    with torch.cuda.device(device), torch.enable_grad():
         dtypes = [torch.float32, torch.float16]
         if torch.cuda.is_bf16_supported():
             dtypes.append(torch.bfloat16)
