@@ -374,7 +374,7 @@ def _option(
     extra_bytes, extra_s = _shift(results, p, o)
     if p not in models:
         r = results[Config(precision=p)]
-        peak, step = peak_of(r) + extra_bytes, step_of(r) + extra_s
+        peak, step = peak_of(r) + extra_bytes, max(0.0, step_of(r) + extra_s)
         return Option(p, o, (), peak, step, peak <= limit)
     peak_model = models[p][0]
     choice = solve(peak_model, limit - extra_bytes)
@@ -382,7 +382,8 @@ def _option(
     chosen = choice.chosen if choice is not None else everything
     names = _in_order(model, [peak_model.blocks[j].name for j in chosen])
     peak = peak_model.peak(chosen) + extra_bytes
-    return Option(p, o, names, peak, peak_model.step_s(chosen) + extra_s, peak <= limit)
+    step = max(0.0, peak_model.step_s(chosen) + extra_s)  # an estimate off by noise
+    return Option(p, o, names, peak, step, peak <= limit)
 
 
 def fit_plan(
@@ -505,7 +506,7 @@ def _pick(options: list[Option]) -> tuple[Option, str | None]:
     if not fitting:
         return min(options, key=lambda o: (o.peak_bytes, o.step_s)), None
     fastest = min(fitting, key=lambda o: (o.step_s, o.changes, len(o.chosen)))
-    tied = [o for o in fitting if o.step_s <= fastest.step_s * (1 + TIE)]
+    tied = [o for o in fitting if o.step_s <= fastest.step_s + TIE * abs(fastest.step_s)]
     best = min(tied, key=lambda o: (o.changes, o.step_s, len(o.chosen)))
     if best is fastest:
         return best, None

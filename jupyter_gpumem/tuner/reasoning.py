@@ -164,6 +164,7 @@ def choice_lines(
     reserve: int,
     candidates: Sequence[str],
 ) -> list[str]:
+    """The plan, what it leaves of the budget, and the runners-up."""
     lines = []
     if len({(x.precision, x.optimizer) for x in options}) > 1:
         lines.append(
@@ -197,11 +198,17 @@ def choice_lines(
         )
     if not o.chosen and o.fits and o.changes == 0:
         lines.append("As it is, the model fits: nothing needs to change.")
-    others = sorted(
-        (x for x in options if x.fits and x != o and x.optimizer == o.optimizer),
-        key=lambda x: x.step_s,
-    )
-    for x in others[:4]:
+    fitting = sorted((x for x in options if x.fits and x != o), key=lambda x: x.step_s)
+    # the fastest others, and the fastest that keep the optimizer, or change nothing but blocks
+    shown = fitting[:3]
+    for keep in (
+        lambda x: x.optimizer is None,
+        lambda x: x.optimizer is None and x.precision is None,
+    ):
+        best = next((x for x in fitting if keep(x)), None)
+        if best is not None and best not in shown:
+            shown.append(best)
+    for x in sorted(shown, key=lambda x: x.step_s):
         lines.append(
             f"  also fits: {label(x)}: {format_bytes(x.peak_bytes)} at {format_seconds(x.step_s)}."
         )

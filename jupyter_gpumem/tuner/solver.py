@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MAX_FRONT = 4096
+TIE_S = 1e-9  # added to each block's cost in the search, so that equal times favour fewer blocks
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class PeakModel:
         picked = set(chosen)
         if not picked:
             return self.base_peak_bytes
+        if len(picked) == len(self.blocks):
+            return self.all_peak_bytes  # measured
         start = self.base_peak_bytes - sum(self.blocks[j].saving_bytes for j in picked)
         return max(start, self._backward_peak(picked), self.all_peak_bytes)
 
@@ -142,8 +145,8 @@ class Choice:
 def solve(model: PeakModel, budget_bytes: int) -> Choice | None:
     """The set of blocks with the least predicted step time whose predicted peak fits.
 
-    None when even checkpointing every helpful block is predicted not to fit. Ties in step
-    time go to fewer blocks, then to earlier ones.
+    None when checkpointing every block, as measured, does not fit; every block when only
+    that fits. Ties in step time go to fewer blocks, then to earlier ones.
     """
     if model.base_peak_bytes <= budget_bytes:
         return Choice((), model.base_peak_bytes, model.base_step_s, True)
@@ -160,13 +163,14 @@ def solve(model: PeakModel, budget_bytes: int) -> Choice | None:
         need = model.floor_bytes + held_before + block.held_bytes + grads_from - budget_bytes
         front = [state for state in front if state[0] >= need]
         if not front:
-            return None
+            everything = tuple(range(len(blocks)))
+            return Choice(everything, model.all_peak_bytes, model.step_s(everything), exact)
         if block.saving_bytes > 0:
             taking = need + block.output_bytes  # its output is made again when recomputed
+            # A block never costs nothing: of two choices equal in time, fewer blocks win.
+            cost = block.recompute_s + TIE_S
             front += [
-                (s + block.saving_bytes, t + block.recompute_s, (*c, b))
-                for s, t, c in front
-                if s >= taking
+                (s + block.saving_bytes, t + cost, (*c, b)) for s, t, c in front if s >= taking
             ]
             front, thinned = _pareto(front, budget_bytes)
             exact = exact and not thinned
@@ -174,9 +178,12 @@ def solve(model: PeakModel, budget_bytes: int) -> Choice | None:
         grads_from -= block.grad_bytes
     need = model.base_peak_bytes - budget_bytes
     fitting = [state for state in front if state[0] >= need]
-    if not fitting:
-        return None
+    if not fitting:  # the model's linear savings fall short; the measured run fits
+        everything = tuple(range(len(blocks)))
+        return Choice(everything, model.all_peak_bytes, model.step_s(everything), exact)
     _, _, chosen = min(fitting, key=lambda state: (state[1], len(state[2]), state[2]))
+    if len(chosen) == len(blocks):
+        return Choice(chosen, model.all_peak_bytes, model.step_s(chosen), exact)
     peak = model.peak(chosen)
     if peak > budget_bytes:  # the all-checkpointed floor: cannot happen once it fits, kept safe
         return None

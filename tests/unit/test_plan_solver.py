@@ -154,3 +154,36 @@ def test_the_half_anchor_scales_savings_down_to_what_checkpointing_frees() -> No
     assert model.peak(range(4)) == base - 4 * 90 * MiB
     choice = solve(model, base - 5 * 90 * MiB)
     assert choice is not None and choice.chosen == (0, 1, 2, 3, 4)
+
+
+def test_free_recomputation_still_checkpoints_the_fewest_blocks() -> None:
+    # a noisy CPU run can measure "checkpoint everything" no slower than nothing: time scale 0
+    blocks = _blocks(8)
+    model, _, time_scale = calibrated(
+        blocks,
+        base_peak_bytes=3000 * MiB,
+        base_step_s=0.2,
+        all_peak_bytes=2200 * MiB,
+        all_step_s=0.19,
+    )
+    assert time_scale == 0.0
+    choice = solve(model, 3000 * MiB - 250 * MiB)
+    assert choice is not None and choice.chosen == (0, 1, 2)
+
+
+def test_when_only_everything_fits_the_measured_run_decides() -> None:
+    blocks = _blocks(4)
+    base = 3000 * MiB
+    # checkpointing frees far more than the half anchor says each block frees
+    model, _, _ = calibrated(
+        blocks,
+        base_peak_bytes=base,
+        base_step_s=0.2,
+        all_peak_bytes=base - 1000 * MiB,
+        all_step_s=0.3,
+        half_peak_bytes=base - 100 * MiB,
+    )
+    assert model.peak(range(4)) == base - 1000 * MiB
+    choice = solve(model, base - 900 * MiB)
+    assert choice is not None and choice.chosen == (0, 1, 2, 3)
+    assert choice.peak_bytes == base - 1000 * MiB
