@@ -68,6 +68,8 @@ def test_vit_b_16_blocks_lower_the_peak_by_a_third() -> None:
 def gpt2() -> Any:
     import torch
 
+    if not torch.cuda.is_available():  # module fixtures run before the autouse skip
+        pytest.skip("needs a CUDA device")
     transformers = pytest.importorskip("transformers")
     from jupyter_gpumem.tuner.trial import Trial
 
