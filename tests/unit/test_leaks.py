@@ -64,15 +64,13 @@ def test_hints_name_their_holders_and_are_absent_when_nothing_is_held() -> None:
     assert out == LeakHint(
         "output-cache",
         4 * MiB,
-        "IPython's output cache holds {bytes} of tensors that nothing else references "
-        "(Out[3], _).",
+        "IPython's output cache holds {bytes} of tensors that nothing else references (Out[3], _).",
         out.fix if out else "",
         ("Out[3]", "_"),
         {"bytes": 4 * MiB},
     )
     assert out.message == (
-        "IPython's output cache holds 4.00 MiB of tensors that nothing else references "
-        "(Out[3], _)."
+        "IPython's output cache holds 4.00 MiB of tensors that nothing else references (Out[3], _)."
     )
     braces = graph_hint(MiB, ["d['{x}']"])
     assert braces is not None and braces.message.startswith("d['{x}'] keeps its autograd graph")
