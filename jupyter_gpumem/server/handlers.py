@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from importlib.metadata import version
 from typing import Any
 
 import tornado.web
@@ -22,6 +21,7 @@ from jupyter_gpumem.nvml.readings import Reason, Sample
 from jupyter_gpumem.nvml.sampler import Sampler
 from jupyter_gpumem.server.host import kernel_host
 from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
+from jupyter_gpumem.version import __version__
 
 __all__ = ["API_PREFIX", "handlers"]
 
@@ -64,7 +64,7 @@ class HealthHandler(GpuMemHandler):
         self.finish_json(
             {
                 "status": "ok",
-                "version": version("jupyter_gpumem"),
+                "version": __version__,
                 "nvml": {"available": sample.available, "reason": sample.reason},
             }
         )

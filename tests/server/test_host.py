@@ -91,12 +91,18 @@ def test_the_tree_is_summed_over_the_kernel_and_its_children() -> None:
         while Path(f"/proc/{child}/comm").read_text().strip() != "sleep":
             assert time.monotonic() < deadline, "the child never became `sleep`"
             time.sleep(0.01)
-        answer = kernel_host("k", kernel_with_pid(parent.pid))
+        # Sleeping processes barely change, but the parent may still be settling: compare
+        # the tree's sum with the processes read right after it, until two reads agree.
+        for _ in range(50):
+            answer = kernel_host("k", kernel_with_pid(parent.pid))
+            each = [rss_bytes(p) for p in answer.pids]
+            assert None not in each and answer.rss_bytes is not None
+            drift = abs(answer.rss_bytes - sum(e for e in each if e is not None))
+            if drift < 64 * 2**10:
+                break
+            time.sleep(0.05)
         assert answer.pids == tuple(sorted((parent.pid, child)))
-        each = [rss_bytes(p) for p in answer.pids]
-        assert None not in each and answer.rss_bytes is not None
-        # Sleeping processes barely change; allow a few pages of drift between the reads.
-        assert abs(answer.rss_bytes - sum(e for e in each if e is not None)) < 64 * 2**10
+        assert drift < 64 * 2**10
     finally:
         if child is not None:
             os.kill(child, signal.SIGKILL)
