@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -16,3 +20,14 @@ def _needs_cuda() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_cache_per_module() -> Iterator[None]:
+    """Each module starts from an emptied cache: exact block-size figures depend on the layout."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
