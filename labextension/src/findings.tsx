@@ -185,6 +185,23 @@ export function OomSection(props: { oom: IOomInfo; device: string; units: Units 
 }
 
 /** Memory held for a fixable reason: what and how much, then the fix. */
+/**
+ * A hint's message with its byte amounts in the user's units; the kernel's binary-unit
+ * message for reports saved before hints carried a template.
+ */
+export function hintMessage(hint: ILeakHint, units: Units): string {
+  const amounts = hint.amounts ?? {};
+  if (!hint.template) {
+    return hint.message;
+  }
+  return hint.template.replace(/\{\{|\}\}|\{(\w+)\}/g, (match, name?: string) => {
+    if (name === undefined) {
+      return match[0]; // an escaped brace
+    }
+    return name in amounts ? formatBytes(amounts[name], units) : match;
+  });
+}
+
 export function LeakHints(props: { hints: ILeakHint[]; units: Units }): JSX.Element | null {
   if (!props.hints.length) {
     return null;
@@ -200,7 +217,7 @@ export function LeakHints(props: { hints: ILeakHint[]; units: Units }): JSX.Elem
               {hint.bytes !== null && (
                 <span className="jp-GpuMem-leakBytes">{formatBytes(hint.bytes, props.units)}</span>
               )}
-              {withCode(hint.message)}
+              {withCode(hintMessage(hint, props.units))}
             </div>
             {hint.fix && (
               <div className="jp-GpuMem-leakFix">

@@ -11,6 +11,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { unitPreference, Units } from './format';
+import { answerSession } from './handshake';
 import { gpuIcon } from './icons';
 import { GpuModel } from './model';
 import { NotebookReports } from './reports';
@@ -134,6 +135,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     if (notebooks) {
+      notebooks.forEach(panel => answerSession(panel.sessionContext));
+      notebooks.widgetAdded.connect((_, panel) => answerSession(panel.sessionContext));
       const follow = notebookFollower(model);
       notebooks.currentChanged.connect((_, panel) => follow(panel));
       follow(notebooks.currentWidget);

@@ -139,19 +139,38 @@ function DeviceDetails(props: { device: IReportDevice; units: Units }): JSX.Elem
   );
 }
 
+/**
+ * The device the headline shows: the one the kernel names (the largest rise of its peak),
+ * or the first device in reports saved before the kernel named one.
+ */
+export function mainDevice(report: IReport): IReportDevice | null {
+  const named = report.devices.find(d => d.device === report.main_device);
+  return named ?? report.devices[0] ?? null;
+}
+
+/** The budget warning in the user's units, when the kernel said the peak exceeds it. */
+export function budgetWarning(
+  report: IReport,
+  main: IReportDevice | null,
+  units: Units
+): string[] {
+  const peak = main?.peak_allocated_bytes;
+  const budget = report.budget_bytes;
+  if (report.over_budget !== true || !main || typeof peak !== 'number' || !budget) {
+    return [];
+  }
+  return [
+    `peak ${formatBytes(peak, units)} on ${main.device} exceeds the budget of ` +
+      `${formatBytes(budget, units)} by ${formatBytes(peak - budget, units)}`
+  ];
+}
+
 /** The report as shown under a cell. */
 export function ReportView(props: { report: IReport; units: Units }): JSX.Element {
   const { report, units } = props;
-  // The headline is the device with the largest peak (the one an OOM would hit first).
-  const main = report.devices.reduce<IReportDevice | null>(
-    (best, d) =>
-      best === null || (d.peak_allocated_bytes ?? -1) > (best.peak_allocated_bytes ?? -1) ? d : best,
-    null
-  );
-  const overBudget =
-    report.budget_bytes && main?.peak_allocated_bytes
-      ? main.peak_allocated_bytes > report.budget_bytes
-      : false;
+  const main = mainDevice(report);
+  const overBudget = report.over_budget === true;
+  const warnings = [...budgetWarning(report, main, units), ...report.warnings];
   return (
     <div className="jp-GpuMem-reportView">
       <div className="jp-GpuMem-reportHeader">
@@ -194,7 +213,7 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
         />
       ))}
       <LeakHints hints={report.leak_hints} units={units} />
-      <Messages kind="warning" items={report.warnings} />
+      <Messages kind="warning" items={warnings} />
       <Messages kind="note" items={report.notes} />
     </div>
   );

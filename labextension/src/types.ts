@@ -140,7 +140,12 @@ export interface ILeakHint {
   kind: string;
   /** Bytes held; for "growth", the typical growth per run. */
   bytes: number | null;
+  /** The message in binary units, for front ends that do not format `template`. */
   message: string;
+  /** The message with `{name}` for each byte amount of `amounts`; null in older reports. */
+  template?: string | null;
+  /** Bytes for each `{name}` of `template`. */
+  amounts?: Record<string, number>;
   fix: string;
   /** The holders, e.g. `Out[3]` or variable names. */
   where: string[];
@@ -189,6 +194,10 @@ export interface IReport {
   leak_hints: ILeakHint[];
   /** The same cell re-run has the same key. */
   cell_key?: string | null;
+  /** The device the cell used most, as the kernel decided it; absent in older reports. */
+  main_device?: string | null;
+  /** Whether the main device's peak exceeded `budget_bytes`; absent in older reports. */
+  over_budget?: boolean;
 }
 
 /** Raised when data on the wire does not have the documented shape. */
@@ -435,6 +444,8 @@ function parseLeakHint(value: unknown, path: string): ILeakHint {
     kind: optStr(o.kind, `${path}.kind`) ?? 'leak',
     bytes: optNum(o.bytes, `${path}.bytes`),
     message: optStr(o.message, `${path}.message`) ?? '',
+    template: optStr(o.template, `${path}.template`),
+    amounts: parseBreakdown(o.amounts, `${path}.amounts`) ?? {},
     fix: optStr(o.fix, `${path}.fix`) ?? '',
     where: strings(o.where, `${path}.where`)
   };
@@ -489,6 +500,8 @@ export function parseReport(value: unknown): IReport {
     leak_hints: array(o.leak_hints ?? [], '.leak_hints').map((h, i) =>
       parseLeakHint(h, `.leak_hints[${i}]`)
     ),
-    cell_key: optStr(o.cell_key, '.cell_key')
+    cell_key: optStr(o.cell_key, '.cell_key'),
+    main_device: optStr(o.main_device, '.main_device'),
+    over_budget: o.over_budget === true
   };
 }

@@ -2,6 +2,7 @@ import * as React from 'react';
 
 import {
   formatShape,
+  hintMessage,
   LargestFreed,
   LeakHints,
   MAX_NAME_CHARS,
@@ -285,6 +286,31 @@ describe('LeakHints', () => {
       'del'
     ]);
     expect(host.querySelector('.jp-GpuMem-leakWhere code')?.textContent).toBe('val_loss');
+  });
+
+  it('writes the byte amounts of a template in the chosen units', () => {
+    const [hint] = parseReport({
+      ...fixture(GPU),
+      leak_hints: [
+        {
+          kind: 'growth',
+          bytes: 3 * 10 ** 9,
+          message: 'train grows by 2.79 GiB per run (+8.38 GiB over the last 4 runs).',
+          template: 'train grows by {bytes} per run (+{total} over the last 4 runs) {{x}}.',
+          amounts: { bytes: 3 * 10 ** 9, total: 9 * 10 ** 9 },
+          fix: '',
+          where: ['train']
+        }
+      ]
+    }).leak_hints;
+    expect(hintMessage(hint, 'GB')).toBe(
+      'train grows by 3 GB per run (+9 GB over the last 4 runs) {x}.'
+    );
+    expect(hintMessage(hint, 'GiB')).toContain('grows by 2.79 GiB per run (+8.38 GiB');
+    const host = render(<LeakHints hints={[hint]} units="GB" />);
+    expect(host.querySelector('.jp-GpuMem-leakMessage')?.textContent).toContain(
+      'grows by 3 GB per run'
+    );
   });
 
   it('renders nothing without hints (the fixtures have none)', () => {

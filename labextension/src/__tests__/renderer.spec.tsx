@@ -1,6 +1,12 @@
 import * as React from 'react';
 
-import { breakdownSegments, rendererFactory, ReportView } from '../renderer';
+import {
+  breakdownSegments,
+  budgetWarning,
+  mainDevice,
+  rendererFactory,
+  ReportView
+} from '../renderer';
 import { parseReport, REPORT_MIME_TYPE } from '../types';
 import { fixture, HOSTILE, render } from './helpers';
 
@@ -230,5 +236,53 @@ describe('rendererFactory', () => {
     expect(renderer.node.textContent).toContain('Cannot show this %%gpumem report');
     expect(renderer.node.querySelector('img')).toBeNull();
     renderer.dispose();
+  });
+});
+
+describe('main device and budget from the kernel', () => {
+  const device = (name: string, peak: number, before: number) => ({
+    device: name,
+    index: Number(name.slice(-1)),
+    name: 'GPU',
+    peak_allocated_bytes: peak,
+    allocated_before_bytes: before
+  });
+  const twoDevices = {
+    name: null,
+    status: 'ok',
+    wall_s: 1,
+    cuda_available: true,
+    notes: [],
+    warnings: [],
+    // cuda:0 has the larger peak, cuda:1 the larger rise: the kernel named cuda:1.
+    devices: [device('cuda:0', 8 * 2 ** 30, 7 * 2 ** 30), device('cuda:1', 6 * 2 ** 30, 0)],
+    main_device: 'cuda:1',
+    budget_bytes: 5 * 2 ** 30,
+    over_budget: true
+  };
+
+  it('headlines the device the kernel named, not one it picks itself', () => {
+    const report = parseReport(twoDevices);
+    expect(mainDevice(report)?.device).toBe('cuda:1');
+    const host = render(<ReportView report={report} units="GiB" />);
+    expect(host.textContent).toContain('Peak allocated6 GiB');
+  });
+
+  it('falls back to the first device in reports saved before the kernel named one', () => {
+    const { main_device, over_budget, ...old } = twoDevices;
+    const report = parseReport(old);
+    expect(mainDevice(report)?.device).toBe('cuda:0');
+    expect(report.over_budget).toBe(false);
+    expect(budgetWarning(report, mainDevice(report), 'GiB')).toEqual([]);
+  });
+
+  it('words the budget warning in the chosen units', () => {
+    const report = parseReport(twoDevices);
+    expect(budgetWarning(report, mainDevice(report), 'GB')).toEqual([
+      'peak 6.44 GB on cuda:1 exceeds the budget of 5.37 GB by 1.07 GB'
+    ]);
+    const host = render(<ReportView report={report} units="GiB" />);
+    expect(host.textContent).toContain('peak 6 GiB on cuda:1 exceeds the budget of 5 GiB by 1 GiB');
+    expect(host.textContent).toContain('(exceeded)');
   });
 });

@@ -157,6 +157,8 @@ describe('parseReport', () => {
       kind: 'growth',
       bytes: null,
       message: 'grows',
+      template: null,
+      amounts: {},
       fix: '',
       where: []
     });
