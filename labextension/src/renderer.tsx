@@ -11,6 +11,7 @@ import { breakdownSegments } from './categories';
 import { StackedBar } from './charts';
 import { LargestFreed, LeakHints, OomSection, TensorTable } from './findings';
 import { formatBytes, formatSeconds, unitPreference, Units } from './format';
+import { RankSection } from './ranks';
 import { TimelineChart } from './timeline';
 import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE } from './types';
 
@@ -212,6 +213,13 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
           units={units}
         />
       ))}
+      {report.ranks?.length ? (
+        <RankSection
+          report={report}
+          units={units}
+          renderRank={rank => <ReportView report={rank} units={units} />}
+        />
+      ) : null}
       <LeakHints hints={report.leak_hints} units={units} />
       <Messages kind="warning" items={warnings} />
       <Messages kind="note" items={report.notes} />

@@ -198,6 +198,13 @@ export interface IReport {
   main_device?: string | null;
   /** Whether the main device's peak exceeded `budget_bytes`; absent in older reports. */
   over_budget?: boolean;
+  /** A worker process's report: its rank (start_processes' index) and pid. */
+  rank?: number | null;
+  pid?: number | null;
+  /** The reports of the worker processes the cell started, by rank (`ranks.tsx`). */
+  ranks?: IReport[];
+  /** The rank with the highest peak allocated, as the kernel decided it. */
+  worst_rank?: number | null;
 }
 
 /** Raised when data on the wire does not have the documented shape. */
@@ -502,6 +509,10 @@ export function parseReport(value: unknown): IReport {
     ),
     cell_key: optStr(o.cell_key, '.cell_key'),
     main_device: optStr(o.main_device, '.main_device'),
-    over_budget: o.over_budget === true
+    over_budget: o.over_budget === true,
+    rank: optNum(o.rank, '.rank'),
+    pid: optNum(o.pid, '.pid'),
+    ranks: array(o.ranks ?? [], '.ranks').map(r => parseReport(r)),
+    worst_rank: optNum(o.worst_rank, '.worst_rank')
   };
 }
