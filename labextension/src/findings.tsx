@@ -184,7 +184,6 @@ export function OomSection(props: { oom: IOomInfo; device: string; units: Units 
   );
 }
 
-/** Memory held for a fixable reason: what and how much, then the fix. */
 /**
  * A hint's message with its byte amounts in the user's units; the kernel's binary-unit
  * message for reports saved before hints carried a template.
@@ -198,10 +197,12 @@ export function hintMessage(hint: ILeakHint, units: Units): string {
     if (name === undefined) {
       return match[0]; // an escaped brace
     }
-    return name in amounts ? formatBytes(amounts[name], units) : match;
+    const bytes = Object.prototype.hasOwnProperty.call(amounts, name) ? amounts[name] : null;
+    return bytes === null ? match : formatBytes(bytes, units);
   });
 }
 
+/** Memory held for a fixable reason: what and how much, then the fix. */
 export function LeakHints(props: { hints: ILeakHint[]; units: Units }): JSX.Element | null {
   if (!props.hints.length) {
     return null;

@@ -13,8 +13,13 @@ import { REPORT_MIME_TYPE } from './types';
 
 export const COMM_TARGET = 'jupyter_gpumem.frontend';
 
-/** What the renderer answers, so that a kernel can tell versions apart later. */
-export const ANSWER = { renderer: REPORT_MIME_TYPE, version: 1 };
+// webpack (and jest) resolve this require and bundle package.json's fields; an import
+// cannot reach it, being outside the compiled src/ folder.
+declare const require: (id: '../package.json') => { version: string };
+const PACKAGE = require('../package.json');
+
+/** What the renderer answers: the mime type it draws and this package's version. */
+export const ANSWER = { renderer: REPORT_MIME_TYPE, version: PACKAGE.version };
 
 /** The part of a kernel connection this module uses. */
 export type ICommTargets = Pick<Kernel.IKernelConnection, 'registerCommTarget'>;

@@ -19,6 +19,7 @@ import {
 } from './format';
 import { GpuModel, IPoint } from './model';
 import { STARTING_REASON, whyNoGpu } from './nogpu';
+import { mainDevice } from './renderer';
 import { IReportEntry, NotebookReports } from './reports';
 import { IDevice, IKernelHost, IKernelProcesses, IProcess, ISample } from './types';
 
@@ -148,16 +149,10 @@ export function DeviceCard(props: {
   );
 }
 
-/** The highest peak of a report's devices, and whether it was the CPU's. */
+/** The peak of a report's main device (as the kernel named it), and whether it was the CPU. */
 export function peakOf(entry: IReportEntry): { bytes: number | null; cpu: boolean } {
-  let best: { bytes: number | null; cpu: boolean } = { bytes: null, cpu: false };
-  for (const d of entry.report.devices) {
-    const bytes = d.peak_allocated_bytes;
-    if (bytes !== null && (best.bytes === null || bytes > best.bytes)) {
-      best = { bytes, cpu: d.device === 'cpu' };
-    }
-  }
-  return best;
+  const main = mainDevice(entry.report);
+  return { bytes: main?.peak_allocated_bytes ?? null, cpu: main?.device === 'cpu' };
 }
 
 /**

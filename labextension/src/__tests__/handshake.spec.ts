@@ -1,3 +1,6 @@
+import * as fs from 'fs';
+import * as path from 'path';
+
 import { ANSWER, answerKernel, answerSession, COMM_TARGET, ICommTargets } from '../handshake';
 import { REPORT_MIME_TYPE } from '../types';
 
@@ -28,7 +31,11 @@ describe('handshake', () => {
     answerKernel(kernel);
     const sent: unknown[] = [];
     kernel.targets.get(COMM_TARGET)!({ send: (data: unknown) => sent.push(data) }, {});
-    expect(sent).toEqual([{ renderer: REPORT_MIME_TYPE, version: 1 }]);
+    const { version } = JSON.parse(
+      fs.readFileSync(path.resolve(__dirname, '..', '..', 'package.json'), 'utf-8')
+    );
+    expect(sent).toEqual([{ renderer: REPORT_MIME_TYPE, version }]);
+    expect(version).toMatch(/^\d+\.\d+\.\d+/);
     expect(ANSWER.renderer).toBe('application/vnd.jupyter-gpumem.report+json');
   });
 

@@ -2,7 +2,7 @@ import * as React from 'react';
 
 import { IPoint } from '../model';
 import { collectReports, IReportEntry } from '../reports';
-import { ISidebarProps, SidebarView } from '../sidebar';
+import { ISidebarProps, peakOf, SidebarView } from '../sidebar';
 import { statusText } from '../statusbar';
 import { IKernelHost, parseSample, REPORT_MIME_TYPE } from '../types';
 import { click, fixture, HOSTILE, render } from './helpers';
@@ -157,6 +157,25 @@ describe('SidebarView', () => {
     const item = host.querySelector('.jp-GpuMem-reportItem')?.textContent ?? '';
     expect(item).toContain('[3] cpu');
     expect(item).toContain('peak 8 MiB (CPU) · 2.27 s');
+  });
+
+  it("lists the peak of the device the kernel named, the first device's in older reports", () => {
+    const raw = fixture('report.json');
+    const gpu = raw.devices[0];
+    // cuda:1 has the larger peak, but the cell's rise above its start was on cuda:0.
+    raw.devices = [gpu, { ...gpu, device: 'cuda:1', index: 1, peak_allocated_bytes: 20 * 2 ** 30 }];
+    const [named] = collectReports([reportCell('a', { ...raw, main_device: 'cuda:0' })]);
+    expect(peakOf(named)).toEqual({ bytes: gpu.peak_allocated_bytes, cpu: false });
+    const [second] = collectReports([reportCell('b', { ...raw, main_device: 'cuda:1' })]);
+    expect(peakOf(second).bytes).toBe(20 * 2 ** 30);
+    const { main_device, ...old } = raw;
+    expect(main_device).toBe('cuda:0');
+    const [older] = collectReports([reportCell('c', old)]);
+    expect(peakOf(older).bytes).toBe(gpu.peak_allocated_bytes);
+    expect(peakOf(collectReports([reportCell('d', cpuReport('cpu', 3))])[0])).toEqual({
+      bytes: 8 * 2 ** 20,
+      cpu: true
+    });
   });
 
   it("says what it knows of the kernel's host memory, and why not", () => {
