@@ -90,7 +90,7 @@ export function RankTable(props: {
               style={{ cursor: 'pointer', ...(isWorst ? WORST_ROW : {}) }}
               onClick={() => onSelect(i)}
             >
-              <td className="jp-GpuMem-num">
+              <td style={{ whiteSpace: 'nowrap' }}>
                 {rankName(rank, i)}
                 {isWorst && (
                   <>
