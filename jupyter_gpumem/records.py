@@ -21,6 +21,7 @@ class BlockState:
     address: int
     size: int
     state: str  # ALLOCATED, PENDING (freed, awaiting stream events) or FREE
+    requested_size: int | None = None  # what the allocated block's tensor asked for; None: unknown
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,39 @@ class TraceEvent(NamedTuple):
     size: int  # requested bytes for alloc/free, segment bytes for segment actions
     time_us: int = 0
     frames: Sequence[Mapping[str, Any]] = ()  # {filename, line, name}, innermost first
+
+
+# Who asked for an allocation: the innermost frame of its stack that is not plumbing. torch's
+# op machinery, decorators and DTensor's op dispatch pass a call through; torch.distributed's
+# own code (FSDP's all-gather and reduce-scatter, DDP's buckets, DTensor's redistribution)
+# allocates communication buffers; anything else is a caller like any other.
+PASS_THROUGH, COMMUNICATION, CALLER = "pass-through", "communication", "caller"
+_COLLECTIVES = ("/torch/distributed/tensor/_redistribute.py", "/torch/distributed/tensor/_collective_utils.py")  # fmt: skip
+_PLUMBING = (
+    "/torch/_ops.py", "/torch/_library/", "/torch/utils/_python_dispatch.py", "/torch/overrides.py",
+    "/torch/_compile.py", "/torch/_dynamo/eval_frame.py", "/torch/utils/_contextlib.py",
+    "/torch/utils/_pytree.py", "/torch/distributed/tensor/",
+)  # fmt: skip
+_DISTRIBUTED = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
+
+
+def frame_role(filename: str) -> str:
+    """``PASS_THROUGH``, ``COMMUNICATION`` or ``CALLER``: what a frame's file says of an allocation."""
+    name = filename.replace("\\", "/")
+    if any(part in name for part in _COLLECTIVES):
+        return COMMUNICATION
+    if any(part in name for part in _PLUMBING):
+        return PASS_THROUGH
+    return COMMUNICATION if any(part in name for part in _DISTRIBUTED) else CALLER
+
+
+def allocated_by_communication(frames: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the innermost caller in ``frames`` (innermost first) is torch.distributed code."""
+    for frame in frames:
+        role = frame_role(str(frame.get("filename", "")))
+        if role != PASS_THROUGH:
+            return role == COMMUNICATION
+    return False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ ADVICE = {
     "temporary": "a smaller batch, or chunking the largest operation",
     "other": "deleting tensors you no longer need (`del x`, `%gpumem free`)",
     "unattributed": "torch.cuda.empty_cache() and checking libraries that keep workspaces",
+    "communication": "smaller DDP buckets (bucket_cap_mb) or FSDP resharding after forward",
+    "allocator_slack": (
+        "torch.cuda.empty_cache() before the cell, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    ),
 }
 
 

@@ -11,11 +11,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jupyter_gpumem.analysis.replay import Live, round_size
-from jupyter_gpumem.records import BlockState, NamedStorage, PhaseMark, Tag, TraceEvent
+from jupyter_gpumem.records import (
+    BlockState,
+    NamedStorage,
+    PhaseMark,
+    Tag,
+    TraceEvent,
+    allocated_by_communication,
+)
 
 CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "activations", "inputs", "other", "temporary", "unattributed",
+    "communication", "allocator_slack",
 )  # fmt: skip
+# A block holds its tensor's request plus the allocator's slack: the rounding up to 512 bytes,
+# and the rest of a cached free block too small to split off. The request counts in the
+# tensor's category, so fp32 parameters are 4 bytes each whatever the cache's layout was.
+ALLOCATOR_SLACK = "allocator_slack"
 # When a storage carries several tags, the most specific wins.
 _PRIORITY = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "inputs": 3, "activations": 4}
 CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
@@ -48,6 +60,8 @@ def categorize(
 ) -> dict[str, int]:
     """Bytes per category for ``blocks``; the values sum to the blocks' total, exactly.
 
+    Each block's request counts in its category and the rest of the block in ``ALLOCATOR_SLACK``.
+
     A tag belongs to a block when it was taken during the block's life (within
     ``clock_slack_us`` where the events and tags use different clocks) and names a
     storage of the block's requested size.
@@ -59,9 +73,10 @@ def categorize(
     freed = freed_in_cell(events, start_blocks)
     out = dict.fromkeys(CATEGORIES, 0)
     for block in blocks:
-        out[_category(block, events, by_address, allocs_at, freed, named, clock_slack_us)] += (
-            block.size
-        )
+        category = _category(block, events, by_address, allocs_at, freed, named, clock_slack_us)
+        request = min(block.requested_size, block.size)
+        out[category] += request
+        out[ALLOCATOR_SLACK] += block.size - request
     return out
 
 
@@ -87,6 +102,8 @@ def _category(
         valid.append(tag.category)
     if valid:
         return min(valid, key=_PRIORITY.__getitem__)
+    if born is not None and allocated_by_communication(events[block.event_index].frames):
+        return "communication"  # all-gather and reduce-scatter buffers, DDP's buckets
     if (block.address, block.event_index) in freed:
         return "temporary"
     hit = named.get(block.address)

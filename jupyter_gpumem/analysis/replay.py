@@ -94,7 +94,7 @@ class _Model:
             self.blocks[b.address] = block
             if b.state == ALLOCATED:
                 self.allocated += b.size
-                block.requested = b.size
+                block.requested = _requested(b)
             prev = block
 
     def alloc(self, address: int, requested: int, index: int) -> None:
@@ -164,6 +164,21 @@ class _Model:
 
 class _Mismatch(Exception):
     """The trace disagrees with the model: the replay cannot be exact."""
+
+
+def _requested(block: BlockState) -> int:
+    """An allocated block's request; the whole block where the layout did not say."""
+    return block.size if block.requested_size is None else block.requested_size
+
+
+def live_blocks(segments: Sequence[SegmentState]) -> tuple[Live, ...]:
+    """The allocated blocks of a starting layout, as blocks live before the interval."""
+    return tuple(
+        Live(b.address, b.size, _requested(b), -1)
+        for seg in segments
+        for b in seg.blocks
+        if b.state == ALLOCATED
+    )
 
 
 def round_size(requested: int) -> int:

@@ -11,14 +11,8 @@ from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_tim
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
 from jupyter_gpumem.analysis.leak_hints import LeakHint
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
-from jupyter_gpumem.analysis.replay import Live, Replay, replay_exact
-from jupyter_gpumem.records import (
-    ALLOCATED,
-    CellRecording,
-    DeviceRecording,
-    TraceEvent,
-    TraceWindow,
-)
+from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay_exact
+from jupyter_gpumem.records import CellRecording, DeviceRecording, TraceEvent
 from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report, main_device, status_of
 
 
@@ -130,7 +124,7 @@ def _device_attribution(
     if not whole and drec.end_blocks is not None:
         listed = tensors_at_end(
             [e for w in peaks.windows for e in w.window.events],
-            _window_blocks(drec.windows[0]) if drec.windows else (),
+            live_blocks(drec.windows[0].segments_before) if drec.windows else (),
             drec.end_blocks,
             {a: n for a, n in rec.named.items() if n.device == device},
             device=device,
@@ -141,7 +135,7 @@ def _device_attribution(
     found = attribute(
         peaks.replay,
         window.events,
-        _window_blocks(window),
+        live_blocks(window.segments_before),
         tags=tags,
         marks=rec.marks,
         named=rec.named,
@@ -235,15 +229,6 @@ def _found_fields(found: Attribution | None, *, tagged: bool) -> dict[str, Any]:
         "tensors": found.tensors,
         "oom": found.oom,
     }
-
-
-def _window_blocks(window: TraceWindow) -> tuple[Live, ...]:
-    return tuple(
-        Live(b.address, b.size, b.size, -1)
-        for seg in window.segments_before
-        for b in seg.blocks
-        if b.state == ALLOCATED
-    )
 
 
 def _overall_source(sources: set[str]) -> str:

@@ -393,7 +393,12 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
             blocks=tuple(
-                BlockState(int(b["address"]), int(b["size"]), _STATES.get(b["state"], "allocated"))
+                BlockState(
+                    int(b["address"]),
+                    int(b["size"]),
+                    _STATES.get(b["state"], "allocated"),
+                    int(b["requested_size"]) if b.get("requested_size") else None,
+                )
                 for b in seg.get("blocks", ())
             ),
         )

@@ -65,7 +65,7 @@ from collections.abc import Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
-from jupyter_gpumem.records import TraceEvent
+from jupyter_gpumem.records import COMMUNICATION, PASS_THROUGH, TraceEvent, frame_role
 
 DEVICES = frozenset({"cpu", "meta"})
 _MAX_WALK = 64  # frames walked to find max_frames user frames
@@ -114,6 +114,7 @@ class DispatchRecorder:
         self._following = False  # frees are recorded from start() to stop(), paused or not
         self._thread: int | None = None
         self._internal: dict[str, bool] = {}  # filename -> skipped in frames
+        self._roles: dict[str, str] = {}  # filename -> records.frame_role, or ours: pass-through
         self._tensor_type: type = object
         self._on_free_cb = self._on_free  # one bound method shared by every weakref
 
@@ -290,19 +291,34 @@ class DispatchRecorder:
                 self._raw.append(("free", ref.address, ref.size, _now(), ()))
 
     def _frames(self) -> tuple[_Frame, ...]:
-        """The innermost user frames: notebook cells and the user's own files."""
+        """The innermost user frames: notebook cells and the user's own files.
+
+        The allocation's innermost caller is kept too when it is torch.distributed code,
+        so that the analysis can tell communication buffers from the model's tensors.
+        """
         out: list[_Frame] = []
         frame: FrameType | None = sys._getframe(1)
-        internal = self._internal
+        internal, roles = self._internal, self._roles
+        caller_found = False
         for _ in range(_MAX_WALK):
             if frame is None or len(out) >= self.max_frames:
                 break
             code = frame.f_code
-            skip = internal.get(code.co_filename)
+            name = code.co_filename
+            skip = internal.get(name)
             if skip is None:
-                skip = internal[code.co_filename] = _is_internal(code.co_filename)
+                skip = internal[name] = _is_internal(name)
+            if not caller_found:
+                role = roles.get(name)
+                if role is None:
+                    role = roles[name] = (
+                        PASS_THROUGH if name.startswith(_PACKAGE_DIR) else frame_role(name)
+                    )
+                caller_found = role != PASS_THROUGH
+                if role == COMMUNICATION and skip:
+                    out.append((name, frame.f_lineno, code.co_name))
             if not skip:
-                out.append((code.co_filename, frame.f_lineno, code.co_name))
+                out.append((name, frame.f_lineno, code.co_name))
             frame = frame.f_back
         return tuple(out)
 

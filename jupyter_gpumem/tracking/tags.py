@@ -21,8 +21,8 @@ unsharded parameters FSDP2 all-gathers for a forward stay out of "activations" (
 freed within the step, so they count as temporary).
 
 Known limitations:
-- Communication buffers (all-gather and reduce-scatter outputs, NCCL's own) have no
-  category of their own; they count as temporary or unattributed.
+- Communication buffers get no tag: the analysis tells them by who allocated them
+  (torch.distributed's code). NCCL's own buffers are outside PyTorch's allocator.
 - Tags are keyed by storage address and time; a storage created outside these
   hooks (e.g. a cache kept by a library) stays untagged.
 - Activations saved by custom autograd Functions that bypass ``save_for_backward``

@@ -58,6 +58,7 @@ class _Block:
     segment: int
     small: bool
     usable: bool  # False for blocks of segments on other streams
+    requested: int | None = None  # what the allocated block's tensor asked for, where known
     prev: _Block | None = None
     next: _Block | None = None
 
@@ -113,7 +114,7 @@ class CachingAllocator:
             block.size = size
             self._blocks[rest.address] = rest
             bisect.insort(pool, (rest.size, rest.address))
-        block.allocated = True
+        block.allocated, block.requested = True, requested
         self.allocated += block.size
         self.events.append(TraceEvent("alloc", block.address, requested, time_us))
         return block.address
@@ -123,7 +124,7 @@ class CachingAllocator:
         block = self._blocks.get(address)
         if block is None or not block.allocated:
             raise ValueError(f"free of {address:#x}, which the model does not hold as allocated")
-        block.allocated = False
+        block.allocated, block.requested = False, None
         self.allocated -= block.size
         self.events.append(TraceEvent("free_requested", address, block.size, time_us))
         self.events.append(TraceEvent("free_completed", address, block.size, time_us))
@@ -147,9 +148,8 @@ class CachingAllocator:
             total = 0
             block: _Block | None = head
             while block is not None:
-                blocks.append(
-                    BlockState(block.address, block.size, ALLOCATED if block.allocated else FREE)
-                )
+                state = ALLOCATED if block.allocated else FREE
+                blocks.append(BlockState(block.address, block.size, state, block.requested))
                 total += block.size
                 block = block.next
             out.append(SegmentState(address, total, head.small, tuple(blocks)))
@@ -162,7 +162,14 @@ class CachingAllocator:
         for b in sorted(chain, key=lambda b: b.address):
             allocated = b.state == ALLOCATED
             block = _Block(
-                b.address, b.size, allocated, seg.address, seg.is_small, usable, prev=prev
+                b.address,
+                b.size,
+                allocated,
+                seg.address,
+                seg.is_small,
+                usable,
+                b.requested_size if allocated else None,
+                prev=prev,
             )
             if prev is None:
                 self._heads[seg.address] = block

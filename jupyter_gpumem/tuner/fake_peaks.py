@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
-from jupyter_gpumem.analysis.replay import Live, Replay, replay, replay_exact
+from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
 from jupyter_gpumem.tuner.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.fake_step import FakeRun
@@ -125,12 +125,10 @@ def start_layout(
             continue
         blocks = tuple(
             BlockState(
-                int(b["address"]),
-                int(b["size"]),
-                ALLOCATED
-                if b["state"] == "active_allocated" and int(b["address"]) not in drop
-                else FREE,
+                int(b["address"]), int(b["size"]), ALLOCATED, b.get("requested_size") or None
             )
+            if b["state"] == "active_allocated" and int(b["address"]) not in drop
+            else BlockState(int(b["address"]), int(b["size"]), FREE)
             for b in seg.get("blocks", ())
         )
         if not any(b.state == ALLOCATED for b in blocks):
@@ -190,12 +188,7 @@ def cuda_peaks(
     result = replay(start, events, allocated_start=allocated, reserved_start=reserved)
     if not result.exact:
         raise RuntimeError(f"the allocator model's trace does not replay: {result.reason}")
-    start_blocks = [
-        Live(b.address, b.size, b.size, -1)
-        for seg in start
-        for b in seg.blocks
-        if b.state == ALLOCATED
-    ]
+    start_blocks = live_blocks(start)
     tags = _tags(run, at_window, at_birth, born)
     return _peaks(run, result, events, start_blocks, tags, resident)
 

@@ -45,6 +45,8 @@ CATEGORY_COLORS = {
     "unattributed": "#9c755f",
     "cache": "#bab0ac",
     "cuda_context": "#79706e",
+    "allocator_slack": "#d4a6c8",
+    "communication": "#86bcb6",
 }
 UNKNOWN_COLOR = "#9c9c9c"
 GiB, MiB = 2**30, 2**20

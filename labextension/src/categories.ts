@@ -17,14 +17,16 @@ export const CATEGORY_LABELS: ReadonlyArray<[string, string]> = [
   ['temporary', 'Temporaries'],
   ['unattributed', 'Unattributed blocks'],
   ['cache', 'Allocator cache'],
-  ['cuda_context', 'CUDA context']
+  ['cuda_context', 'CUDA context'],
+  ['allocator_slack', 'Allocator slack'],
+  ['communication', 'Communication buffers']
 ];
 
 const LABELS = new Map(CATEGORY_LABELS);
 const ORDER = CATEGORY_LABELS.map(([key]) => key);
 
 /** Colour index of categories (and phases) this extension does not know. */
-export const UNKNOWN_COLOR = 11;
+export const UNKNOWN_COLOR = 13;
 
 /** `"optimizer_state"` -> `"Optimizer state"`; unknown keys lose their underscores. */
 export function categoryLabel(key: string): string {

@@ -133,7 +133,7 @@ export interface ISegment {
   key: string;
   label: string;
   bytes: number;
-  /** Colour class `jp-GpuMem-seg-N` (0-11); the position in the list when absent. */
+  /** Colour class `jp-GpuMem-seg-N` (0-13); the position in the list when absent. */
   color?: number;
 }
 
@@ -154,7 +154,7 @@ export function StackedBar(props: {
           seg.bytes > 0 && total > 0 ? (
             <div
               key={seg.key}
-              className={`jp-GpuMem-seg jp-GpuMem-seg-${seg.color ?? i % 12}`}
+              className={`jp-GpuMem-seg jp-GpuMem-seg-${seg.color ?? i % 14}`}
               style={{ width: `${((seg.bytes / total) * 100).toFixed(2)}%` }}
               title={`${seg.label}: ${formatBytes(seg.bytes, props.units)}`}
             />
@@ -164,7 +164,7 @@ export function StackedBar(props: {
       <ul className="jp-GpuMem-legend">
         {props.segments.map((seg, i) => (
           <li key={seg.key} className="jp-GpuMem-legendItem">
-            <span className={`jp-GpuMem-swatch jp-GpuMem-seg-${seg.color ?? i % 12}`} />
+            <span className={`jp-GpuMem-swatch jp-GpuMem-seg-${seg.color ?? i % 14}`} />
             <span className="jp-GpuMem-legendLabel">{seg.label}</span>
             <span className="jp-GpuMem-legendValue">
               {formatBytes(seg.bytes, props.units)}

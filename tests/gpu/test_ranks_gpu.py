@@ -1,10 +1,12 @@
-"""Two-GPU jobs forked from a `%%gpumem` cell: every rank reports, exact to the byte.
+"""Multi-GPU jobs forked from a `%%gpumem` cell: every rank reports, exact to the byte.
+
+The jobs run with two ranks on two GPUs, and with one rank where there is one GPU: NCCL,
+DDP's buckets and FSDP's collectives are all there with one rank too.
 
 One fresh interpreter runs the cells (CUDA must be untouched in the parent for
 ``start_method="fork"``; the pytest process has initialised it): a DDP job on NCCL whose
 ranks pass back their own ``torch.cuda.max_memory_allocated()``, an FSDP2 (``fully_shard``)
-job whose ranks pass back their shards' bytes and the allocator blocks holding them, and a
-plain fork after both. The two-rank report JSON is written to ``$GPUMEM_OUT`` when set, the
+job whose ranks pass back their shards' bytes, and a plain fork after both. The two-rank report JSON is written to ``$GPUMEM_OUT`` when set, the
 source of tests/fixtures/report_two_ranks.json.
 """
 
@@ -24,6 +26,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys, tempfile
     from IPython.core.interactiveshell import InteractiveShell
+    world = int(sys.argv[1])
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "jupyter_gpumem")
     ip.user_ns["TMP"] = tempfile.mkdtemp()
@@ -98,16 +101,17 @@ SCRIPT = textwrap.dedent(
     for name in ("ddp", "fsdp"):
         result = ip.run_cell(
             f"%%gpumem -o r_{name} --name {name}\\n"
-            f"mp.start_processes({name}, args=(2,), nprocs=2, start_method='fork')"
+            f"mp.start_processes({name}, args=({world},), nprocs={world}, start_method='fork')"
         )
         assert result.success, result.error_in_exec
         r = ip.user_ns["r_" + name]
         print(r)
-        own = [json.load(open(os.path.join(ip.user_ns["TMP"], f"{name}-{k}.json"))) for k in (0, 1)]
+        own = [json.load(open(os.path.join(ip.user_ns["TMP"], f"{name}-{k}.json")))
+               for k in range(world)]
         out[name] = {"report": r.to_dict(), "own": own}
     import torch
     out["kernel_cuda_initialized"] = torch.cuda.is_initialized()
-    plain = ip.run_cell("mp.start_processes(touch, nprocs=2, start_method='fork')")
+    plain = ip.run_cell(f"mp.start_processes(touch, nprocs={world}, start_method='fork')")
     out["plain_fork_after"] = plain.success
     out["plain_error"] = repr(plain.error_in_exec)
     print("RESULT " + json.dumps(out))
@@ -115,19 +119,29 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def job() -> dict[str, Any]:
+def _run(world: int) -> dict[str, Any]:
     import torch
 
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two CUDA devices")
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA devices")
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", SCRIPT, str(world)], capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     print(done.stdout)
     line = next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))
-    out: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict[str, Any]:
+    """The same jobs with one rank: NCCL, DDP's buckets and FSDP's collectives on one GPU."""
+    return _run(1)
+
+
+@pytest.fixture(scope="module")
+def job() -> dict[str, Any]:
+    out = _run(2)
     target = os.environ.get("GPUMEM_OUT")
     if target:
         Path(target, "report_two_ranks.json").write_text(json.dumps(out["ddp"]["report"], indent=1))
@@ -165,8 +179,29 @@ def test_fsdp2_ranks_count_their_shards_as_parameters(job: dict[str, Any]) -> No
         device = _main(k)
         assert device["peak_allocated_bytes"] == mine["max_allocated"]
         assert mine["shard_bytes"] < mine["full_bytes"]
-        assert device["breakdown"]["parameters"] == mine["shard_blocks"]
-        assert device["breakdown"]["optimizer_state"] >= mine["state_blocks"]
+        # the shards' own bytes; what their blocks hold beyond them is the allocator's slack
+        assert device["breakdown"]["parameters"] == mine["shard_bytes"]
+        assert device["breakdown"]["optimizer_state"] >= mine["state_bytes"]
+        assert device["breakdown"]["communication"] > 0
+
+
+def test_one_rank_counts_ddp_buckets_and_fsdp_buffers_as_communication(
+    one_rank: dict[str, Any],
+) -> None:
+    (ddp,) = one_rank["ddp"]["report"]["ranks"]
+    (mine,) = one_rank["ddp"]["own"]
+    device = _main(ddp)
+    assert device["peak_allocated_bytes"] == mine["max_allocated"]
+    assert sum(device["breakdown"].values()) == device["peak_allocated_bytes"]
+    # DDP's gradient buckets: one flat copy of every gradient, made by the rank's DDP()
+    assert device["breakdown"]["communication"] == device["breakdown"]["parameters"] > 0
+    (fsdp,) = one_rank["fsdp"]["report"]["ranks"]
+    (mine,) = one_rank["fsdp"]["own"]
+    device = _main(fsdp)
+    assert device["peak_allocated_bytes"] == mine["max_allocated"]
+    assert device["breakdown"]["parameters"] == mine["shard_bytes"] == mine["full_bytes"]
+    assert device["breakdown"]["communication"] > 0
+    assert one_rank["plain_fork_after"], one_rank["plain_error"]
 
 
 def test_a_plain_fork_after_the_measured_jobs_still_works(job: dict[str, Any]) -> None:

@@ -130,7 +130,7 @@ def test_gpt2_cells_keep_the_exact_peak(shell: InteractiveShell, steps: int) -> 
     gpt = shell.user_ns["gpt"]
     n = sum(p.numel() for p in gpt.parameters())
     buffers = sum(b.untyped_storage().nbytes() for b in gpt.buffers())
-    # blocks, not requests: the allocator rounds each storage up a little
-    assert 4 * n + buffers <= r.breakdown["parameters"] <= (4 * n + buffers) * 1.01
-    assert 8 * n <= r.breakdown["optimizer_state"] <= 8 * n * 1.01
+    # the storages' own bytes, whatever blocks the cache's layout gave them (the rest is slack)
+    assert r.breakdown["parameters"] == 4 * n + buffers
+    assert r.breakdown["optimizer_state"] == 8 * n  # AdamW's step counters live on the CPU
     _dump(r, f"gpt2 {steps} steps")

@@ -127,6 +127,8 @@ def test_forked_ddp_ranks_report_the_peaks_they_measure_themselves(
         assert k.peak_allocated_bytes == own["peak"]
         assert sum(k.breakdown.values()) == k.peak_allocated_bytes
         assert k.breakdown["parameters"] > 0 and k.breakdown["optimizer_state"] > 0
+        # DDP's gradient buckets, made by the rank's own DDP(): one flat copy of every gradient
+        assert k.breakdown["communication"] == k.breakdown["parameters"]
     assert r.worst_rank is r.ranks[1]
     wire = r.to_dict()
     assert [k["rank"] for k in wire["ranks"]] == [0, 1] and wire["worst_rank"] == 1
@@ -343,3 +345,4 @@ def test_fsdp2_ranks_count_their_own_shards(ranks_shell: InteractiveShell, tmp_p
         own = json.loads((tmp_path / f"shard-{k.rank}.json").read_text())
         assert k.breakdown["parameters"] == own["shard"]  # the padded local shards, no more
         assert k.breakdown["optimizer_state"] >= own["state"]  # exp_avg, exp_avg_sq (and steps)
+        assert k.breakdown["communication"] > 0  # what FSDP's collectives keep through the step

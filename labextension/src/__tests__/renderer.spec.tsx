@@ -202,7 +202,17 @@ describe('breakdownSegments', () => {
     const segments = breakdownSegments({ zeta: 1, activations: 5, parameters: 2 });
     expect(segments.map(s => s.key)).toEqual(['parameters', 'activations', 'zeta']);
     expect(segments.map(s => s.label)).toEqual(['Parameters', 'Activations', 'zeta']);
-    expect(segments.map(s => s.color)).toEqual([0, 4, 11]);
+    expect(segments.map(s => s.color)).toEqual([0, 4, 13]);
+  });
+
+  it('names the allocator slack and communication buffers, each in a colour of its own', () => {
+    const segments = breakdownSegments({ communication: 3, allocator_slack: 1, temporary: 2 });
+    expect(segments.map(s => s.label)).toEqual([
+      'Temporaries',
+      'Allocator slack',
+      'Communication buffers'
+    ]);
+    expect(segments.map(s => s.color)).toEqual([7, 11, 12]);
   });
 });
 

@@ -1,0 +1,56 @@
+"""What a block counts as: its request in its category, the rest as the allocator's slack."""
+
+from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize
+from jupyter_gpumem.analysis.replay import live_blocks, replay
+from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
+
+MiB = 2**20
+BASE = 0x7F0000000000
+WEIGHT = 2 * MiB + 4096  # a parameter's storage
+
+
+def _start() -> tuple[SegmentState, ...]:
+    # A weight allocated before the cell into a cached 3 MiB block: the 1 MiB - 4 KiB rest was
+    # too small to split off, so the block is all allocated. A 2.5 MiB free block follows.
+    return (
+        SegmentState(
+            BASE,
+            20 * MiB,
+            False,
+            (
+                BlockState(BASE, 3 * MiB, ALLOCATED, WEIGHT),
+                BlockState(BASE + 3 * MiB, 5 * MiB // 2, FREE),
+                BlockState(BASE + 11 * MiB // 2, 29 * MiB // 2, ALLOCATED),  # no request known
+            ),
+        ),
+    )
+
+
+def test_requests_count_in_their_category_and_the_rest_is_slack() -> None:
+    grad = BASE + 3 * MiB
+    events = [
+        TraceEvent("alloc", grad, WEIGHT, 10),  # the free 2.5 MiB block, unsplit
+        TraceEvent("segment_alloc", BASE + 20 * MiB, 2 * MiB, 11),
+        TraceEvent("alloc", BASE + 20 * MiB, 100, 11),  # a 512-byte block
+    ]
+    start = live_blocks(_start())
+    result = replay(_start(), events)
+    assert result.exact and result.peak_allocated == 20 * MiB + 512
+    tags = [Tag(BASE, "parameters", 5, WEIGHT), Tag(grad, "gradients", 12, WEIGHT)]
+    out = categorize(result.live_at_peak, events, tags, start, {})
+    assert out["parameters"] == WEIGHT and out["gradients"] == WEIGHT
+    assert out["unattributed"] == 29 * MiB // 2 + 100  # the unknown block, whole; the 100 B
+    assert out[ALLOCATOR_SLACK] == (3 * MiB - WEIGHT) + (5 * MiB // 2 - WEIGHT) + (512 - 100)
+    assert sum(out.values()) == result.peak_allocated
+
+
+def test_a_layout_without_requests_counts_whole_blocks() -> None:
+    old = tuple(
+        SegmentState(s.address, s.total_size, s.is_small, tuple(
+            BlockState(b.address, b.size, b.state) for b in s.blocks
+        ))
+        for s in _start()
+    )  # fmt: skip
+    start = live_blocks(old)
+    out = categorize(start, [], [Tag(BASE, "parameters", 5, WEIGHT)], start, {})
+    assert out["parameters"] == 3 * MiB and out[ALLOCATOR_SLACK] == 0
