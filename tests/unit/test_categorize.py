@@ -54,3 +54,26 @@ def test_a_layout_without_requests_counts_whole_blocks() -> None:
     start = live_blocks(old)
     out = categorize(start, [], [Tag(BASE, "parameters", 5, WEIGHT)], start, {})
     assert out["parameters"] == 3 * MiB and out[ALLOCATOR_SLACK] == 0
+
+
+TORCH = "/venv/lib/python3.12/site-packages/torch"
+CALLERS = {
+    "fsdp all-gather": ((f"{TORCH}/_ops.py", f"{TORCH}/distributed/fsdp/_fully_shard/_fsdp_collectives.py"), "communication"),
+    "ddp buckets": ((f"{TORCH}/nn/parallel/distributed.py", "/home/me/train.py"), "communication"),
+    "redistribute": ((f"{TORCH}/distributed/tensor/_redistribute.py",), "communication"),
+    "a layer inside DDP": ((f"{TORCH}/nn/modules/linear.py", f"{TORCH}/nn/parallel/distributed.py"), "unattributed"),
+    "DTensor's op dispatch": ((f"{TORCH}/distributed/tensor/_dispatch.py", "/home/me/train.py"), "unattributed"),
+    "no frames": ((), "unattributed"),
+}  # fmt: skip
+
+
+def test_buffers_that_torch_distributed_allocates_itself_are_communication() -> None:
+    events = [TraceEvent("segment_alloc", BASE, 20 * MiB, 1)]
+    for i, (files, _) in enumerate(CALLERS.values()):
+        frames = tuple({"filename": f, "line": 1, "name": "f"} for f in files)
+        events.append(TraceEvent("alloc", BASE + i * MiB, MiB, 2, frames))
+    result = replay([], events)
+    by_address = {b.address: b for b in result.live_at_peak}
+    for i, (case, (_, expected)) in enumerate(CALLERS.items()):
+        out = categorize([by_address[BASE + i * MiB]], events, [], (), {})
+        assert out[expected] == MiB, case
