@@ -38,14 +38,17 @@ export function categoryColor(key: string): number {
   return LABELS.has(key) ? ORDER.indexOf(key) : UNKNOWN_COLOR;
 }
 
-/** A breakdown as stacked-bar segments, in the fixed category order. */
+/**
+ * A breakdown as stacked-bar segments, in the fixed category order. Empty
+ * categories are left out: a report of one GPU need not list communication buffers.
+ */
 export function breakdownSegments(breakdown: Record<string, number>): ISegment[] {
   const keys = [
     ...ORDER.filter(key => key in breakdown),
     ...Object.keys(breakdown)
       .filter(key => !LABELS.has(key))
       .sort()
-  ];
+  ].filter(key => breakdown[key] !== 0);
   return keys.map(key => ({
     key,
     label: categoryLabel(key),

@@ -205,8 +205,13 @@ describe('breakdownSegments', () => {
     expect(segments.map(s => s.color)).toEqual([0, 4, 13]);
   });
 
-  it('names the allocator slack and communication buffers, each in a colour of its own', () => {
-    const segments = breakdownSegments({ communication: 3, allocator_slack: 1, temporary: 2 });
+  it('names the allocator slack and communication buffers in colours of their own, empty ones left out', () => {
+    const segments = breakdownSegments({
+      communication: 3,
+      allocator_slack: 1,
+      temporary: 2,
+      inputs: 0
+    });
     expect(segments.map(s => s.label)).toEqual([
       'Temporaries',
       'Allocator slack',
