@@ -7,8 +7,9 @@ storages named in the user's namespace, and returns plain records.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
@@ -62,21 +63,84 @@ def categorize(
 
     Each block's request counts in its category and the rest of the block in ``ALLOCATOR_SLACK``.
 
-    A tag belongs to a block when it was taken during the block's life (within
-    ``clock_slack_us`` where the events and tags use different clocks) and names a
-    storage of the block's requested size.
+    A tag names a storage at an address, at a time: it belongs to the storage of that
+    address, and of the tag's size, whose life (allocation to free) is nearest the tag's
+    time, within ``clock_slack_us`` where the events and tags use different clocks.
     """
     by_address: dict[int, list[Tag]] = {}
-    for tag in tags:
+    for tag in sorted(tags, key=lambda t: t.time_us):
         by_address.setdefault(tag.address, []).append(tag)
-    allocs_at = _alloc_times(events)
-    freed = freed_in_cell(events, start_blocks)
+    lives = storage_lives(events, start_blocks, {b.address for b in blocks})
     out = dict.fromkeys(CATEGORIES, 0)
     for block in blocks:
-        category = _category(block, events, by_address, allocs_at, freed, named, clock_slack_us)
+        category = _category(block, events, by_address, lives, named, clock_slack_us)
         request = min(block.requested_size, block.size)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
+    return out
+
+
+class StorageLife(NamedTuple):
+    """One storage at an address: when it was allocated and freed (None: outside the window)."""
+
+    born_us: int | None
+    freed_us: int | None
+    requested: int | None  # None: older than the window, size unknown to the events
+
+    def distance(self, t_us: int) -> int:
+        """Microseconds from ``t_us`` to this life; 0 within it."""
+        if self.born_us is not None and t_us < self.born_us:
+            return self.born_us - t_us
+        if self.freed_us is not None and t_us > self.freed_us:
+            return t_us - self.freed_us
+        return 0
+
+    def holds(self, nbytes: int) -> bool:
+        return self.requested is None or self.requested == nbytes
+
+
+@dataclass
+class AddressLives:
+    """The storages an address held during the window, in order of allocation."""
+
+    allocs: list[int]  # each storage's alloc event index; -1: older than the window
+    freed_us: list[int | None]  # when each was freed; None: not in the window
+    index: dict[int, int]  # alloc event index -> position
+
+    def life(self, k: int, events: Sequence[TraceEvent]) -> StorageLife | None:
+        if not 0 <= k < len(self.allocs):
+            return None
+        i = self.allocs[k]
+        if i < 0:
+            return StorageLife(None, self.freed_us[k], None)
+        return StorageLife(events[i].time_us, self.freed_us[k], events[i].size)
+
+
+def storage_lives(
+    events: Sequence[TraceEvent], start_blocks: Sequence[Live], addresses: Set[int]
+) -> dict[int, AddressLives]:
+    """The storages each of ``addresses`` held during the window, in one pass over the events."""
+    out: dict[int, AddressLives] = {}
+    current: dict[int, int] = {}  # address -> position of its live storage
+    for b in start_blocks:
+        if b.address in addresses:
+            out[b.address] = AddressLives([-1], [None], {-1: 0})
+            current[b.address] = 0
+    for i, ev in enumerate(events):
+        address = ev.address
+        if address not in addresses:
+            continue
+        if ev.action == "alloc":
+            at = out.get(address)
+            if at is None:
+                at = out[address] = AddressLives([], [], {})
+            current[address] = at.index[i] = len(at.allocs)
+            at.allocs.append(i)
+            at.freed_us.append(None)
+        elif ev.action == "free_requested":
+            k = current.pop(address, None)
+            if k is not None:
+                out[address].freed_us[k] = ev.time_us
     return out
 
 
@@ -84,54 +148,44 @@ def _category(
     block: Live,
     events: Sequence[TraceEvent],
     by_address: Mapping[int, list[Tag]],
-    allocs_at: Mapping[int, list[int]],
-    freed: set[tuple[int, int]],
+    lives: Mapping[int, AddressLives],
     named: Mapping[int, NamedStorage],
     slack: int,
 ) -> str:
-    born = events[block.event_index].time_us if block.event_index >= 0 else None
-    reborn = allocs_at.get(block.address, ())
+    at = lives.get(block.address)
+    k = at.index.get(block.event_index) if at is not None else None
+    own, before, after = StorageLife(None, None, None), None, None
+    if at is not None and k is not None:
+        own = at.life(k, events) or own
+        before, after = at.life(k - 1, events), at.life(k + 1, events)
     valid = []
-    for tag in by_address.get(block.address, ()):
-        if born is not None and (tag.time_us + slack < born or tag.nbytes != block.requested_size):
-            continue  # a tag of an earlier storage at the same address
-        # a later alloc at this address, before the tag, means the tag is of a later storage
-        after = 0 if born is None else bisect.bisect_right(reborn, born)
-        if after < len(reborn) and reborn[after] <= tag.time_us - slack:
+    near = by_address.get(block.address, [])
+    if own.born_us is not None:  # tags in time order: skip those long before this storage
+        near = near[bisect.bisect_left(near, own.born_us - slack, key=lambda t: t.time_us) :]
+    for tag in near:
+        if own.freed_us is not None and tag.time_us > own.freed_us + slack:
+            break
+        if own.requested is not None and tag.nbytes != block.requested_size:
+            continue
+        d = own.distance(tag.time_us)
+        if d > slack:
+            continue
+        # a neighbour nearer the tag's time holds it (on a tie, the later storage)
+        if before is not None and before.holds(tag.nbytes) and before.distance(tag.time_us) < d:
+            continue
+        if after is not None and after.holds(tag.nbytes) and after.distance(tag.time_us) <= d:
             continue
         valid.append(tag.category)
     if valid:
         return min(valid, key=_PRIORITY.__getitem__)
-    if born is not None and allocated_by_communication(events[block.event_index].frames):
+    if own.born_us is not None and allocated_by_communication(events[block.event_index].frames):
         return "communication"  # all-gather and reduce-scatter buffers, DDP's buckets
-    if (block.address, block.event_index) in freed:
+    if own.freed_us is not None:
         return "temporary"
     hit = named.get(block.address)
     if hit is not None:
         return hit.category or "other"
     return "unattributed"
-
-
-def freed_in_cell(
-    events: Sequence[TraceEvent], start_blocks: Sequence[Live]
-) -> set[tuple[int, int]]:
-    """(address, alloc event index) of every block freed during the cell; -1 for older blocks."""
-    current = {b.address: -1 for b in start_blocks}
-    freed: set[tuple[int, int]] = set()
-    for i, ev in enumerate(events):
-        if ev.action == "alloc":
-            current[ev.address] = i
-        elif ev.action == "free_requested" and ev.address in current:
-            freed.add((ev.address, current.pop(ev.address)))
-    return freed
-
-
-def _alloc_times(events: Sequence[TraceEvent]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for ev in events:
-        if ev.action == "alloc":
-            out.setdefault(ev.address, []).append(ev.time_us)
-    return out
 
 
 def peak_phase(

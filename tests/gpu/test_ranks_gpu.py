@@ -192,6 +192,10 @@ def test_one_rank_counts_ddp_buckets_as_communication(one_rank: dict[str, Any]) 
     assert sum(device["breakdown"].values()) == device["peak_allocated_bytes"]
     # DDP's gradient buckets: one flat copy of every gradient, made by the rank's DDP()
     assert device["breakdown"]["communication"] == device["breakdown"]["parameters"] > 0
+    # at the first step's optimizer peak every parameter has its gradient, and nothing else
+    # counts as one (an optimizer temporary whose block the next step's gradient reuses)
+    assert device["peak_phase"] == "optimizer"
+    assert device["breakdown"]["gradients"] == device["breakdown"]["parameters"]
     (fsdp,) = one_rank["fsdp"]["report"]["ranks"]
     (mine,) = one_rank["fsdp"]["own"]
     device = _main(fsdp)

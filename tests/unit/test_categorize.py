@@ -1,7 +1,7 @@
 """What a block counts as: its request in its category, the rest as the allocator's slack."""
 
 from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize
-from jupyter_gpumem.analysis.replay import live_blocks, replay
+from jupyter_gpumem.analysis.replay import Live, live_blocks, replay
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
 
 MiB = 2**20
@@ -77,3 +77,51 @@ def test_buffers_that_torch_distributed_allocates_itself_are_communication() -> 
     for i, (case, (_, expected)) in enumerate(CALLERS.items()):
         out = categorize([by_address[BASE + i * MiB]], events, [], (), {})
         assert out[expected] == MiB, case
+
+
+SLACK = 2_000  # µs, as between the CUDA allocator's clock and Python's
+
+
+def _one_address(*lives: tuple[int, int | None]) -> list[TraceEvent]:
+    """Storages of one size at one address, (allocated, freed) in µs, after a segment at 0."""
+    events = [TraceEvent("segment_alloc", BASE, 2 * MiB, 0)]
+    for born, freed in lives:
+        events.append(TraceEvent("alloc", BASE, MiB, born))
+        if freed is not None:
+            events.append(TraceEvent("free_requested", BASE, MiB, freed))
+    return events
+
+
+def _category_of(events: list[TraceEvent], nth: int, tags: list[Tag]) -> str:
+    """The category of the storage that the ``nth`` alloc made, were it live at the peak."""
+    allocs = [i for i, ev in enumerate(events) if ev.action == "alloc"]
+    block = Live(BASE, MiB, MiB, allocs[nth])
+    out = categorize([block], events, tags, (), {}, clock_slack_us=SLACK)
+    return next(c for c, n in out.items() if n)
+
+
+def test_a_tag_taken_just_after_the_address_is_reused_is_the_new_storages() -> None:
+    # An optimizer temporary is the peak's block; the next step's gradient reuses its
+    # address 100 µs after it is freed, and its hook tags it 50 µs later: within the clock
+    # slack of the temporary's free, but inside the gradient's own life.
+    events = _one_address((1_000, 5_000), (5_100, None))
+    grad_tag = Tag(BASE, "gradients", 5_150, MiB)
+    assert _category_of(events, 0, [grad_tag]) == "temporary"
+
+
+def test_a_tag_within_the_clock_slack_of_a_birth_still_counts() -> None:
+    events = _one_address((1_000, None))
+    assert _category_of(events, 0, [Tag(BASE, "activations", 900, MiB)]) == "activations"
+    assert (
+        _category_of(events, 0, [Tag(BASE, "activations", 900 - SLACK - 1, MiB)]) == "unattributed"
+    )
+
+
+def test_a_tag_between_two_storages_goes_to_the_nearer_and_on_a_tie_to_the_later() -> None:
+    events = _one_address((1_000, 2_000), (2_600, None))
+    nearer_first = Tag(BASE, "gradients", 2_200, MiB)
+    tie = Tag(BASE, "gradients", 2_300, MiB)
+    assert _category_of(events, 0, [nearer_first]) == "gradients"
+    assert _category_of(events, 1, [nearer_first]) == "unattributed"
+    assert _category_of(events, 0, [tie]) == "temporary"
+    assert _category_of(events, 1, [tie]) == "gradients"
