@@ -203,10 +203,16 @@ def inherited_namespace() -> Mapping[str, Any]:
 
 
 def with_ranks(report: Report, ranks: Sequence[Report], notes: Sequence[str]) -> Report:
-    """``report`` with the ranks' reports, and notes about them after its own."""
+    """``report`` with the ranks' reports, and notes about them after its own.
+
+    A block that raised because a rank ran out of memory has status "oom", as that rank.
+    """
     if not ranks and not notes:
         return report
-    return replace(report, ranks=tuple(ranks), notes=(*report.notes, *notes))
+    status = report.status
+    if status == "error" and any(r.status == "oom" for r in ranks):
+        status = "oom"
+    return replace(report, status=status, ranks=tuple(ranks), notes=(*report.notes, *notes))
 
 
 # -- files written outside the notebook --------------------------------------------------

@@ -13,6 +13,7 @@ from jupyter_gpumem.report.svg import timeline_svg
 from jupyter_gpumem.report.text import (
     CODE,
     RANK_HEADS,
+    breakdown_lines,
     freed_lines,
     peak_lines,
     rank_cells,
@@ -139,7 +140,7 @@ def _ranks_html(r: Report, style: str) -> str:
         f'<table class="jp-gpumem-ranks" style="{style}"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table>",
     ]
-    if worst is not None and worst.main is not None and (details := peak_lines(worst.main)):
+    if worst is not None and worst.main is not None and (details := breakdown_lines(worst.main)):
         details[0] = f"rank {worst.rank} {details[0]}"
         parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
     parts.extend(f"<p>{esc(line)}</p>" for line in rank_failures(r))

@@ -116,6 +116,11 @@ def detail_lines(d: DeviceReport) -> list[str]:
 
 def peak_lines(d: DeviceReport) -> list[str]:
     """Breakdown at the peak and out-of-memory advice."""
+    return [*breakdown_lines(d), *oom_lines(d)]
+
+
+def breakdown_lines(d: DeviceReport) -> list[str]:
+    """What the peak was made of, largest first."""
     lines: list[str] = []
     if d.breakdown:
         lines.append(f"at the peak{where(d)} on {d.device}:")
@@ -125,12 +130,17 @@ def peak_lines(d: DeviceReport) -> list[str]:
                 lines.append(
                     f"  {category.replace('_', ' '):<18}{format_bytes(n):>11}  {100 * n / total:3.0f}%"
                 )
-    if d.oom is not None:
-        lines.append(
-            f"out of memory asking for {format_bytes(d.oom.requested_bytes)}: "
-            f"{d.oom.dominant.replace('_', ' ')} dominated what was live; try {d.oom.advice}"
-        )
     return lines
+
+
+def oom_lines(d: DeviceReport) -> list[str]:
+    """What was live when the allocator ran out, and what would help most."""
+    if d.oom is None:
+        return []
+    return [
+        f"out of memory asking for {format_bytes(d.oom.requested_bytes)}: "
+        f"{d.oom.dominant.replace('_', ' ')} dominated what was live; try {d.oom.advice}"
+    ]
 
 
 def alive_lines(d: DeviceReport) -> list[str]:
@@ -205,12 +215,16 @@ def top_categories(d: DeviceReport, n: int = 3) -> str:
 
 
 def rank_failures(r: Report) -> list[str]:
-    """The ranks that failed and reported figures: their error (rows without figures say it)."""
-    return [
-        f"rank {rank.rank} (pid {rank.pid}) failed: {rank.error}"
-        for rank in r.ranks
-        if rank.main is not None and rank.status != "ok" and rank.error
-    ]
+    """The ranks that failed and reported figures: their error and out-of-memory advice.
+
+    Rows without figures say what happened themselves.
+    """
+    lines = []
+    for rank in r.ranks:
+        if rank.main is not None and rank.status != "ok" and rank.error:
+            lines.append(f"rank {rank.rank} (pid {rank.pid}) failed: {rank.error}")
+            lines.extend(f"  {line}" for line in oom_lines(rank.main))
+    return lines
 
 
 def rank_lines(r: Report) -> list[str]:
@@ -229,7 +243,8 @@ def rank_lines(r: Report) -> list[str]:
         ]
         lines.append(f"{mark} " + "  ".join([*cells, row[-1]]).rstrip())
     if worst is not None and worst.main is not None and worst.main.breakdown:
-        lines.append(f"rank {worst.rank} {peak_lines(worst.main)[0]}")
-        lines.extend(peak_lines(worst.main)[1:])
+        heading, *parts = breakdown_lines(worst.main)
+        lines.append(f"rank {worst.rank} {heading}")
+        lines.extend(parts)
     lines.extend(rank_failures(r))
     return lines

@@ -92,6 +92,14 @@ SCRIPT = textwrap.dedent(
         dist.barrier()
         dist.destroy_process_group()
 
+    def oom(rank, world):
+        torch.cuda.set_device(rank)
+        if rank == world - 1:  # the last rank asks for four times what is free
+            keep = torch.empty(256 * 2**20, device="cuda")
+            free, _ = torch.cuda.mem_get_info()
+            own("oom", rank, free=free)
+            huge = torch.empty(free * 4, dtype=torch.uint8, device="cuda")
+
     def touch(rank):
         x = torch.randn(1024, 1024, device=f"cuda:{rank}")
         assert (x @ x).isfinite().all()
@@ -109,6 +117,18 @@ SCRIPT = textwrap.dedent(
         own = [json.load(open(os.path.join(ip.user_ns["TMP"], f"{name}-{k}.json")))
                for k in range(world)]
         out[name] = {"report": r.to_dict(), "own": own}
+    failed = ip.run_cell(
+        f"%%gpumem -o r_oom --name oom\\n"
+        f"mp.start_processes(oom, args=({world},), nprocs={world}, start_method='fork')"
+    )
+    r = ip.user_ns["r_oom"]
+    print(r)
+    out["oom"] = {
+        "report": r.to_dict(),
+        "text": str(r),
+        "error": type(failed.error_in_exec).__name__,
+        "own": json.load(open(os.path.join(ip.user_ns["TMP"], f"oom-{world - 1}.json"))),
+    }
     import torch
     out["kernel_cuda_initialized"] = torch.cuda.is_initialized()
     plain = ip.run_cell(f"mp.start_processes(touch, nprocs={world}, start_method='fork')")
@@ -207,6 +227,19 @@ def test_one_rank_counts_ddp_buckets_as_communication(one_rank: dict[str, Any]) 
     assert device["peak_phase"] == "optimizer"
     assert device["breakdown"]["gradients"] == mine["shard_bytes"]
     assert device["breakdown"]["optimizer_state"] == mine["state_bytes"]
+    assert one_rank["plain_fork_after"], one_rank["plain_error"]
+
+
+def test_a_rank_that_runs_out_of_memory_keeps_its_row_and_says_so(one_rank: dict[str, Any]) -> None:
+    oom = one_rank["oom"]
+    assert oom["error"] == "ProcessRaisedException"  # what the plain cell raises
+    assert oom["report"]["status"] == "oom"
+    (row,) = oom["report"]["ranks"]
+    assert row["status"] == "oom" and "OutOfMemoryError" in row["error"]
+    device = _main(row)
+    assert device["oom"]["requested_bytes"] >= 4 * oom["own"]["free"]
+    assert sum(device["oom"]["breakdown"].values()) >= 256 * 2**20
+    assert "out of memory asking for" in oom["text"]
     assert one_rank["plain_fork_after"], one_rank["plain_error"]
 
 

@@ -6,10 +6,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
 from jupyter_gpumem.analysis.leak_hints import graph_hint
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.rank_reports import _silent, load_reports
+from jupyter_gpumem.rank_reports import _silent, load_reports, with_ranks
 from jupyter_gpumem.report.record import MIME_TYPE, DeviceReport, Report, report_from_dict
 
 GiB, MiB = 2**30, 2**20
@@ -118,3 +119,26 @@ def test_the_two_rank_fixture_from_the_gpu_machine_reads_back_whole() -> None:
     assert r.worst_rank is r.ranks[1] and wire["worst_rank"] == 1
     assert "*    1" in str(r) and "jp-gpumem-worst-rank" in r._repr_mimebundle_()["text/html"]
     assert load_reports(FIXTURE).ranks[0].ranks == r.ranks  # a saved cell report loads too
+
+
+def test_a_rank_that_ran_out_of_memory_says_what_was_live_once() -> None:
+    at_oom = {**dict.fromkeys(_device(0, 0, 0).breakdown or {}, 0), "activations": 3 * GiB}
+    oom = OomInfo(40 * GiB, at_oom, "activations", "activation checkpointing", ())
+    ranks = (
+        _rank(0, 12 * GiB, 3 * GiB),
+        _rank(
+            1, 6 * GiB, 1 * GiB, status="oom", error="torch.OutOfMemoryError: CUDA out of memory."
+        ),
+    )
+    ranks = (ranks[0], replace(ranks[1], devices=(replace(ranks[1].devices[0], oom=oom),)))
+    raised = replace(_cell(), status="error", ranks=())
+    r = with_ranks(raised, ranks, ())
+    assert r.status == "oom" and r.worst_rank is r.ranks[0]  # the worst by peak is not the OOM
+    text = str(r)
+    failed = "rank 1 (pid 4101) failed: torch.OutOfMemoryError: CUDA out of memory."
+    advice = "out of memory asking for 40.0 GiB: activations dominated what was live; try activation checkpointing"
+    assert text.count(advice) == 1
+    assert text.endswith(f"{failed}\n  {advice}"), text
+    page = r._repr_mimebundle_()["text/html"]
+    assert page.count("out of memory asking for 40.0 GiB") == 1
+    assert with_ranks(replace(raised, status="ok"), ranks, ()).status == "ok"
