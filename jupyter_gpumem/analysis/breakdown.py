@@ -108,6 +108,7 @@ class AddressLives:
     index: dict[int, int]  # alloc event index -> position
 
     def life(self, k: int, events: Sequence[TraceEvent]) -> StorageLife | None:
+        """The ``k``-th storage's life; None past either end."""
         if not 0 <= k < len(self.allocs):
             return None
         i = self.allocs[k]

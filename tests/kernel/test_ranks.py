@@ -127,8 +127,11 @@ def test_forked_ddp_ranks_report_the_peaks_they_measure_themselves(
         assert k.peak_allocated_bytes == own["peak"]
         assert sum(k.breakdown.values()) == k.peak_allocated_bytes
         assert k.breakdown["parameters"] > 0 and k.breakdown["optimizer_state"] > 0
-        # DDP's gradient buckets, made by the rank's own DDP(): one flat copy of every gradient
-        assert k.breakdown["communication"] == k.breakdown["parameters"]
+        # DDP's gradient buckets, made by the rank's own DDP(): one flat copy of every gradient.
+        # A peak inside DDP's own bookkeeping may also hold the few bytes of its small
+        # collectives (seen once: 4 bytes, at step 1 where DDP rebuilds its buckets).
+        extra = k.breakdown["communication"] - k.breakdown["parameters"]
+        assert 0 <= extra < 1024, k.breakdown
     assert r.worst_rank is r.ranks[1]
     wire = r.to_dict()
     assert [k["rank"] for k in wire["ranks"]] == [0, 1] and wire["worst_rank"] == 1
