@@ -17,6 +17,12 @@ Known limitations:
 - A worker killed by a signal (SIGKILL from the out-of-memory killer, SIGTERM from
   ``start_processes`` after another rank failed) writes nothing; the collecting side
   reports its exit status instead.
+- gloo keeps each collective's thread-local state, which holds the recording's dispatch
+  mode and saved-tensor hooks, and its worker threads release that state under the GIL. A
+  rank that frees its process group (dropping its DDP model after ``destroy_process_group``)
+  right after its last collective can wait on such a thread while holding the GIL, and hang.
+  Any blocking call between the last collective and that point (``time.sleep(0.05)``) lets
+  the threads finish first.
 - Workers started some other way (a plain ``multiprocessing.Process``, ``torchrun`` in a
   shell line) are not wrapped; ``jupyter_gpumem.record()`` in their code writes into the
   folder named by :data:`RANKS_DIR_ENV`.

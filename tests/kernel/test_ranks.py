@@ -34,6 +34,12 @@ OWN = MeasureOptions(detail_steps=None, log=False, ranks=False)
 # A worker forked after the parent ran OpenMP-parallel ops hangs in its own (libgomp is not
 # fork-safe; a plain cell hangs as well): workers use one thread, as DataLoader workers do.
 
+def settle():
+    # gloo's threads release the last collectives' state, which holds the recording's dispatch
+    # mode and hooks, under the GIL: let them before the process group can be freed (see the
+    # known limitations of jupyter_gpumem/tracking/ranks.py)
+    time.sleep(0.05)
+
 def own_figure(rank, m, **more):
     with open(os.path.join(TMP, f"own-{rank}.json"), "w") as f:
         json.dump({"peak": m.report.peak_allocated_bytes, "pid": os.getpid(), **more}, f)
@@ -53,6 +59,7 @@ def train(rank, world):
             model(torch.randn(32 * (rank + 1), 64)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+        settle()
         dist.destroy_process_group()
     own_figure(rank, m, modes=modes)
 
@@ -331,6 +338,7 @@ def sharded(rank, world):
     state = sum(local(v).nbytes() for s in opt.state.values() for v in s.values() if v.dim())
     with open(os.path.join(TMP, f"shard-{rank}.json"), "w") as f:
         json.dump({"shard": sum(shards.values()), "state": state}, f)
+    settle()
     dist.destroy_process_group()
 """
 
