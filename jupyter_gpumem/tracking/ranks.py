@@ -19,10 +19,11 @@ Known limitations:
   reports its exit status instead.
 - gloo keeps each collective's thread-local state, which holds the recording's dispatch
   mode and saved-tensor hooks, and its worker threads release that state under the GIL. A
-  rank that frees its process group (dropping its DDP model after ``destroy_process_group``)
-  right after its last collective can wait on such a thread while holding the GIL, and hang.
-  Any blocking call between the last collective and that point (``time.sleep(0.05)``) lets
-  the threads finish first.
+  rank that frees its process group right after its last collective (dropping its DDP model
+  after ``destroy_process_group``) would join such a thread while holding the GIL, and hang.
+  While the worker runs, ``torch.distributed.destroy_process_group`` therefore first sleeps
+  ``SETTLE_S``, which lets the threads finish; a ``destroy_process_group`` imported by name
+  before the worker started, or a collective still running then, is not covered.
 - Workers started some other way (a plain ``multiprocessing.Process``, ``torchrun`` in a
   shell line) are not wrapped; ``jupyter_gpumem.record()`` in their code writes into the
   folder named by :data:`RANKS_DIR_ENV`.
@@ -30,18 +31,22 @@ Known limitations:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
+SETTLE_S = 0.05  # what gloo's threads need to release a finished collective's state
 RANKS_DIR_ENV = "JUPYTER_GPUMEM_RANKS_DIR"  # the measured block's rank folder, while it runs
 REPORT_GLOB = "rank-*.json"
 
@@ -119,7 +124,8 @@ class RankWorker:
             log.warning("jupyter_gpumem: rank %d is not measured: %r", i, exc)
         error: BaseException | None = None
         try:
-            wrap(fn, i, args, error_file)
+            with _settled_teardown():
+                wrap(fn, i, args, error_file)
         except BaseException as exc:  # SystemExit(1) after a failure, or the user's own exit
             error = exc
             raise
@@ -141,6 +147,28 @@ class RankWorker:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RankWorker, (self.directory, self.measure))
+
+
+@contextmanager
+def _settled_teardown() -> Iterator[None]:
+    """``torch.distributed.destroy_process_group`` lets gloo's threads settle before it runs."""
+    dist = sys.modules.get("torch.distributed")
+    original = getattr(dist, "destroy_process_group", None)
+    if original is None:
+        yield
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(SETTLE_S)  # blocks without the GIL, so the threads can take it
+        return original(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        if getattr(dist, "destroy_process_group", None) is destroy_process_group:
+            dist.destroy_process_group = original  # type: ignore[union-attr]
 
 
 def _torch_wrap() -> Callable[..., Any]:

@@ -34,12 +34,6 @@ OWN = MeasureOptions(detail_steps=None, log=False, ranks=False)
 # A worker forked after the parent ran OpenMP-parallel ops hangs in its own (libgomp is not
 # fork-safe; a plain cell hangs as well): workers use one thread, as DataLoader workers do.
 
-def settle():
-    # gloo's threads release the last collectives' state, which holds the recording's dispatch
-    # mode and hooks, under the GIL: let them before the process group can be freed (see the
-    # known limitations of jupyter_gpumem/tracking/ranks.py)
-    time.sleep(0.05)
-
 def own_figure(rank, m, **more):
     with open(os.path.join(TMP, f"own-{rank}.json"), "w") as f:
         json.dump({"peak": m.report.peak_allocated_bytes, "pid": os.getpid(), **more}, f)
@@ -59,9 +53,9 @@ def train(rank, world):
             model(torch.randn(32 * (rank + 1), 64)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
-        settle()
+        settles = dist.destroy_process_group is not dist.distributed_c10d.destroy_process_group
         dist.destroy_process_group()
-    own_figure(rank, m, modes=modes)
+    own_figure(rank, m, modes=modes, settles=settles)
 
 def gone(pid):
     try:
@@ -114,6 +108,7 @@ def _untouched() -> None:
     assert spawn._wrap.__module__ == "torch.multiprocessing.spawn"
     assert spawn.ProcessContext.__init__.__module__ == "torch.multiprocessing.spawn"
     assert "JUPYTER_GPUMEM_RANKS_DIR" not in os.environ
+    assert dist.destroy_process_group is dist.distributed_c10d.destroy_process_group
 
 
 @pytest.mark.timeout(60)
@@ -130,6 +125,7 @@ def test_forked_ddp_ranks_report_the_peaks_they_measure_themselves(
         own = _own(tmp_path, k.rank)
         assert k.status == "ok" and k.pid == own["pid"] != os.getpid()
         assert own["modes"] == 1  # the rank's own recording only, not the kernel's copy
+        assert own["settles"]  # destroy_process_group lets gloo's threads finish first
         assert k.device == "cpu"
         assert k.peak_allocated_bytes == own["peak"]
         assert sum(k.breakdown.values()) == k.peak_allocated_bytes
@@ -338,7 +334,6 @@ def sharded(rank, world):
     state = sum(local(v).nbytes() for s in opt.state.values() for v in s.values() if v.dim())
     with open(os.path.join(TMP, f"shard-{rank}.json"), "w") as f:
         json.dump({"shard": sum(shards.values()), "state": state}, f)
-    settle()
     dist.destroy_process_group()
 """
 
