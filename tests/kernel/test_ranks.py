@@ -228,9 +228,16 @@ def allocate(rank, tmp):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        "mp.spawn(spawned_job.allocate, args=(TMP,), nprocs=2)",
+        "mp.start_processes(spawned_job.allocate, args=(TMP,), nprocs=2, start_method='forkserver')",
+    ],
+    ids=["spawn", "forkserver"],
+)
 def test_spawned_ranks_report_too(
-    shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+    shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launch: str
 ) -> None:
     # The test shell's __main__ lacks the __spec__ that spawn reads (a kernel's has one).
     monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
@@ -239,9 +246,7 @@ def test_spawned_ranks_report_too(
     try:
         shell.user_ns["TMP"] = str(tmp_path)
         result = shell.run_cell(
-            "%%gpumem -o r\nimport torch.multiprocessing as mp, spawned_job\n"
-            "mp.start_processes(spawned_job.allocate, args=(TMP,), nprocs=2, "
-            f"start_method={method!r})"
+            "%%gpumem -o r\nimport torch.multiprocessing as mp, spawned_job\n" + launch
         )
     finally:
         sys.path.remove(str(tmp_path))
