@@ -166,7 +166,7 @@ def _category(
     for tag in near:
         if own.freed_us is not None and tag.time_us > own.freed_us + slack:
             break
-        if own.requested is not None and tag.nbytes != block.requested_size:
+        if not own.holds(tag.nbytes):
             continue
         d = own.distance(tag.time_us)
         if d > slack:
