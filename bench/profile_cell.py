@@ -2,6 +2,7 @@
 
 python bench/profile_cell.py gpt2_3_steps            # any cell name of bench/scale.py
 python bench/profile_cell.py mlp_200_steps --quick
+python bench/profile_cell.py tiny --lived-in          # in the lived-in kernel of bench/scale.py
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ def main() -> None:
     parser.add_argument("cell")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--lines", type=int, default=45)
+    parser.add_argument("--lived-in", action="store_true", help="fill the namespace first")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     (cell,) = [c for c in scale.cells(args.quick, cpu=not cuda) if c.name == args.cell]
     bench = scale.Bench(device)
+    if args.lived_in:
+        bench.shell.user_ns.update(scale.lived_in(device, args.quick))
     bench.shell.user_ns.update(cell.build(device), time=time, sync=bench.sync, torch=torch)
     body = scale.BODY.format(steps=cell.steps, step=cell.step)
     for source in (body, "%%gpumem --quiet\n" + body, body):

@@ -3,10 +3,17 @@
     python bench/scale.py --out bench/results/scale_h100.json       # GPU machine
     python bench/scale.py --quick --out /tmp/scale.json             # a smoke run, any machine
 
-Cells (GPU): GPT-2 124M for 3 and 10 steps (batch 8 x 1024, fp32 AdamW); a 6 x Linear(512)
-MLP with Adam for 200 steps at batch 64 (host-bound); a 4-layer TransformerEncoder(256) with
-AdamW for 1000 steps. The same MLP also runs on the CPU, in a child process that sees no
-CUDA device. ``--quick`` runs small versions of every cell.
+Cells (GPU): a tiny cell (``_z = 1``); GPT-2 124M for 3 and 10 steps (batch 8 x 1024, fp32
+AdamW); a 6 x Linear(512) MLP with Adam for 200 steps at batch 64 (host-bound); a 4-layer
+TransformerEncoder(256) with AdamW for 1000 steps. The tiny cell and the same MLP also run on
+the CPU, in a child process that sees no CUDA device. ``--quick`` runs small versions of every
+cell.
+
+Kernels (``--kernel``): ``fresh`` holds only each cell's own objects; ``lived-in`` first fills
+the namespace the way an hour of work does (see :func:`lived_in`): 20,000 live tensors in a
+list, ViT-B/16, BERT-base and GPT-2 with AdamW state, a list of 2,000,000 small dicts and a
+5,000,000-row DataFrame. ``both`` runs every cell in a fresh kernel, then every cell again
+after the namespace is filled (the fresh figures stay beside the lived-in ones).
 
 Each cell runs through ``shell.run_cell`` in one IPython shell with the extension loaded,
 plain and under ``%%gpumem`` alternately, for ``--rounds`` rounds (three times as many for
@@ -32,8 +39,9 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +84,9 @@ class Result:
     trace_events: list[int] = field(default_factory=list)
     peak_allocated_bytes: int | None = None
     source: str | None = None
+    kernel: str = "fresh"
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     summary: dict[str, float] = field(default_factory=dict)
 
     def summarise(self) -> None:
@@ -158,14 +168,89 @@ def _encoder(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 def cells(quick: bool, cpu: bool) -> list[Cell]:
+    tiny = Cell("tiny", 1, lambda d: {}, step="_z = 1")
     if cpu:
-        return [Cell("mlp_200_steps_cpu", 20 if quick else 200, lambda d: _mlp(d, quick))]
+        return [
+            replace(tiny, name="tiny_cpu"),
+            Cell("mlp_200_steps_cpu", 20 if quick else 200, lambda d: _mlp(d, quick)),
+        ]
     return [
+        tiny,
         Cell("gpt2_3_steps", 3, lambda d: _gpt2(d, quick)),
         Cell("gpt2_10_steps", 10, lambda d: _gpt2(d, quick)),
         Cell("mlp_200_steps", 20 if quick else 200, lambda d: _mlp(d, quick)),
         Cell("encoder_1000_steps", 30 if quick else 1000, lambda d: _encoder(d, quick)),
     ]
+
+
+# -- the lived-in kernel ---------------------------------------------------------------------
+
+
+def lived_in(device: torch.device, quick: bool) -> dict[str, Any]:
+    """What a notebook holds after an hour of work, as namespace entries.
+
+    20,000 live tensors of mixed small sizes in a list (cached features); ViT-B/16, BERT-base
+    and GPT-2 (from their configs, random weights) each with AdamW state after one step; a
+    list of 2,000,000 small dicts (a dataset as Python objects); a 5,000,000-row DataFrame.
+    ``quick`` shrinks the models and the data, not the tensor count's order.
+    """
+    import numpy as np
+    import pandas as pd
+
+    n_rows, n_df = (200_000, 500_000) if quick else (2_000_000, 5_000_000)
+    torch.manual_seed(0)
+    ns: dict[str, Any] = {
+        "cached": [torch.randn(64 + 64 * (i % 13), device=device) for i in range(20_000)],
+    }
+    for name, model in _three_models(quick).items():
+        model = model.to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for p in model.parameters():  # one step's worth of state, without a forward
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ns[name], ns[f"{name}_opt"] = model, opt
+    ns["rows"] = [{"id": i, "label": i % 10, "text": f"sample {i}"} for i in range(n_rows)]
+    rng = np.random.default_rng(0)
+    ns["df"] = pd.DataFrame(
+        {"id": np.arange(n_df), "x": rng.random(n_df), "label": rng.integers(0, 10, n_df)}
+    )
+    return ns
+
+
+def _three_models(quick: bool) -> dict[str, torch.nn.Module]:
+    """ViT-B/16, BERT-base and GPT-2 where their libraries are installed; MLPs of similar
+    parameter counts stand in for those that are not (the CPU machine has no transformers)."""
+    models: dict[str, torch.nn.Module] = {}
+    try:
+        from torchvision.models import vit_b_16
+
+        models["vit"] = vit_b_16(image_size=32 if quick else 224)
+    except ImportError:
+        models["vit"] = _stand_in(12, 64 if quick else 768)
+    try:
+        from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+        small = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
+        models["bert"] = BertModel(BertConfig(**(small if quick else {})))
+        gpt = {"n_layer": 2, "n_embd": 64, "n_head": 2} if quick else {}
+        models["gpt2"] = GPT2LMHeadModel(GPT2Config(**gpt))
+    except ImportError:
+        models["bert"] = _stand_in(12, 64 if quick else 768)
+        models["gpt2"] = _stand_in(12, 64 if quick else 768)
+    return models
+
+
+def _stand_in(blocks: int, width: int) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(blocks):
+        layers += [
+            torch.nn.Linear(width, 4 * width),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * width, width),
+        ]
+        layers.append(torch.nn.LayerNorm(width))
+    return torch.nn.Sequential(*layers)
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -198,6 +283,7 @@ class Bench:
         self.shell = InteractiveShell.instance()
         self.shell.run_line_magic("load_ext", "jupyter_gpumem")
         self.events: list[int] = []
+        self.warnings: list[str] = []  # what the cells printed as warnings, first run included
         build = analysis.build_report
 
         def counting(rec: Any, **kwargs: Any) -> Any:
@@ -213,11 +299,12 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run(self, cell: Cell, rounds: int) -> Result:
+    def run(self, cell: Cell, rounds: int, kernel: str = "fresh") -> Result:
         ns = self.shell.user_ns
         ns.update(cell.build(self.device), time=time, sync=self.sync, torch=torch)
         body = BODY.format(steps=cell.steps, step=cell.step)
-        result = Result(cell.name, str(self.device), cell.steps)
+        result = Result(cell.name, str(self.device), cell.steps, kernel=kernel)
+        self.warnings.clear()
         warm, _, _ = self._once(body)  # warm-up: kernels, cuBLAS workspaces, optimizer state
         self._once("%%gpumem --quiet\n" + body)
         if warm < SHORT_CELL_S:  # short cells are noisier: more rounds for the same time
@@ -244,6 +331,7 @@ class Bench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        result.warnings = sorted(set(self.warnings))
         result.summarise()
         return result
 
@@ -252,9 +340,14 @@ class Bench:
         self.sync()
         rss = _rss_peak_reset()
         t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):  # the report's text, as a notebook shows it
+        with (
+            contextlib.redirect_stdout(io.StringIO()),  # the report's text, as a notebook shows it
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
             outcome = self.shell.run_cell(source)
         whole = time.perf_counter() - t0
+        self.warnings.extend(str(w.message) for w in caught)
         outcome.raise_error()
         return whole, float(self.shell.user_ns["_in_cell_s"]), max(0, _status("VmHWM") - rss)
 
@@ -266,24 +359,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small cells, a smoke run")
     parser.add_argument("--cpu", action="store_true", help="(internal) the CPU cell only")
     parser.add_argument("--only", nargs="*", help="cell names to run")
+    parser.add_argument(
+        "--kernel",
+        choices=("fresh", "lived-in", "both"),
+        default="both",
+        help="what the kernel holds besides each cell's objects (default: both, fresh first)",
+    )
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda" if cuda else "cpu")
     bench = Bench(device)
     results = []
-    for cell in cells(args.quick, cpu=not cuda):
-        if args.only and cell.name not in args.only:
-            continue
-        try:
-            results.append(asdict(bench.run(cell, args.rounds)))
-        except ImportError as exc:  # transformers, where it is not installed
-            results.append({"cell": cell.name, "skipped": repr(exc)})
-        print(
-            json.dumps(
-                {k: v for k, v in results[-1].items() if k in ("cell", "summary", "skipped")}
-            ),
-            flush=True,
-        )
+    kernels = ["fresh", "lived-in"] if args.kernel == "both" else [args.kernel]
+    for kernel in kernels:
+        if kernel == "lived-in":
+            t0 = time.perf_counter()
+            bench.shell.user_ns.update(lived_in(device, args.quick))
+            gc.collect()
+            print(f"lived-in kernel filled in {time.perf_counter() - t0:.1f} s", flush=True)
+        for cell in cells(args.quick, cpu=not cuda):
+            if args.only and cell.name not in args.only:
+                continue
+            try:
+                results.append(asdict(bench.run(cell, args.rounds, kernel)))
+            except ImportError as exc:  # transformers, where it is not installed
+                results.append({"cell": cell.name, "kernel": kernel, "skipped": repr(exc)})
+            shown = ("cell", "kernel", "summary", "skipped", "warnings")
+            print(json.dumps({k: v for k, v in results[-1].items() if k in shown}), flush=True)
     if cuda and not args.cpu:
         results.extend(_cpu_child(args))
     out = {
@@ -292,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
         "rounds": args.rounds,
         "quick": args.quick,
+        "kernel": args.kernel,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -302,8 +405,11 @@ def _cpu_child(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The CPU cell in a process that sees no CUDA device, as on a machine without one."""
     out = args.out.with_suffix(".cpu.json")
     cmd = [sys.executable, __file__, "--cpu", "--out", str(out), "--rounds", str(args.rounds)]
+    cmd += ["--kernel", args.kernel]
     if args.quick:
         cmd.append("--quick")
+    if args.only:
+        cmd += ["--only", *args.only]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     subprocess.run(cmd, check=True, env=env)
     results: list[dict[str, Any]] = json.loads(out.read_text())["results"]

@@ -3,9 +3,14 @@
 `find_leaks` measures; `free` releases what IPython holds. Both work on CPU and
 CUDA tensors and never import torch (without torch imported there are no tensors).
 
+What the user's variables hold comes from the shell's :class:`NamespaceScan`, which keeps
+one summary per variable and spends a fixed budget per cell; graphs and IPython's holders
+are walked within budgets of their own. A check therefore costs a few milliseconds however
+much the kernel holds, and says in its notes what it could not look at.
+
 Known limitations:
     - Tensors are found by walking containers and object ``__dict__``s (bounded depth and
-      count); tensors reachable only through closures, C extensions or slots are missed.
+      count; see :mod:`jupyter_gpumem.tensor_walk`); large containers are judged by a sample.
     - Bytes are those of distinct storages, not the allocator's rounded blocks; a hint
       counts only storages that the user namespace does not also reference.
     - The autograd estimate counts saved tensors (``_raw_saved_*``, read without running
@@ -18,135 +23,32 @@ Known limitations:
 from __future__ import annotations
 
 import gc
-import re
 import sys
 import types
-import warnings
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.analysis import leak_hints as analysis
 from jupyter_gpumem.analysis.leak_hints import Freed, LeakHint
+from jupyter_gpumem.namespace_scan import NamespaceScan, NamespaceView
+from jupyter_gpumem.tensor_walk import Key, Walker
 
-__all__ = ["Freed", "LeakHint", "find_leaks", "free", "namespace_bytes", "release"]
+__all__ = [
+    "Freed",
+    "LeakCheck",
+    "LeakHint",
+    "check_leaks",
+    "find_leaks",
+    "free",
+    "namespace_bytes",
+    "release",
+]
 
-_Key = tuple[str, int]  # (device, storage data_ptr)
-_HIDDEN = re.compile(r"^(_+|_\d+|_i+\d*|_[ido]h|In|Out|__\w+__)$")
 _INTERNAL = ("IPython", "ipykernel", "jupyter_gpumem", "asyncio", "tornado", "runpy")
-_ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range)
-_RUNTIME = (types.FrameType, types.TracebackType, types.CodeType, types.ModuleType, type)
-_OPAQUE = (*_RUNTIME, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
-_MAX_DEPTH = 8
-_MAX_OBJECTS = 200_000
-
-
-class _Walker:
-    """Collects the distinct tensor storages reachable from some roots.
-
-    With ``graphs``, a non-leaf tensor leads on to its autograd graph: the tensors each node
-    saved for backward and the nodes after it (graph depth is not limited, only the count).
-    """
-
-    def __init__(
-        self, torch: Any, *, graphs: bool, stop: Iterable[int] = (), weak: bool = False
-    ) -> None:
-        self.torch = torch
-        self.graphs = graphs
-        self.weak = weak  # keep a storage weak reference per CPU storage, for `release`
-        self.storages: dict[_Key, int] = {}
-        self.weakrefs: dict[_Key, Any] = {}
-        self.graph_tensors: list[tuple[str, Any]] = []  # (where, tensor with grad_fn)
-        self.tensors = 0  # tensors met, storage or not
-        self.truncated = False
-        self._stop = set(stop)  # ids of objects never to walk into (the shell, its namespaces)
-        self._seen: set[int] = set()
-        self._alive: list[object] = []  # visited objects stay alive so ids are not reused
-
-    def walk(self, root: object, where: str = "") -> set[_Key]:
-        """Walk ``root``; the storages it reaches that no earlier root reached."""
-        before = set(self.storages)
-        todo: list[tuple[object, int]] = [(root, 0)]
-        while todo:
-            obj, depth = todo.pop()
-            if id(obj) in self._seen or id(obj) in self._stop or isinstance(obj, _ATOMS):
-                continue
-            if len(self._seen) >= _MAX_OBJECTS:
-                self.truncated = True
-                break
-            self._seen.add(id(obj))
-            self._alive.append(obj)
-            todo.extend((child, depth + 1) for child in self._children(obj, where, depth))
-        return set(self.storages) - before
-
-    def _children(self, obj: object, where: str, depth: int) -> Iterator[object]:
-        if isinstance(obj, self.torch.Tensor):
-            yield from self._tensor(obj, where, depth)
-        elif hasattr(type(obj), "next_functions"):  # an autograd graph node
-            yield from self._node(obj)
-        elif depth >= _MAX_DEPTH or isinstance(obj, _OPAQUE):
-            return
-        elif isinstance(obj, dict):
-            yield from obj.keys()
-            yield from obj.values()
-        elif isinstance(obj, (list, tuple, set, frozenset, deque)):
-            yield from obj
-        else:
-            try:
-                attrs = object.__getattribute__(obj, "__dict__")
-            except (AttributeError, TypeError):
-                return
-            if isinstance(attrs, dict):
-                yield attrs
-
-    def _tensor(self, t: Any, where: str, depth: int) -> Iterator[object]:
-        self.tensors += 1
-        self._record(t)
-        if t.is_leaf:
-            if t.grad is not None:
-                yield t.grad
-        elif t.grad_fn is not None:
-            self.graph_tensors.append((where if depth == 0 else f"{where}[...]", t))
-            if self.graphs:
-                yield t.grad_fn
-
-    def _node(self, node: Any) -> Iterator[object]:
-        for name in _saved_names(type(node)):
-            try:
-                saved = getattr(node, name)
-            except RuntimeError:  # already freed by backward()
-                continue
-            for item in saved if isinstance(saved, (list, tuple)) else [saved]:
-                yield getattr(item, "data", None)  # the packed value: no unpack hook runs
-        extra = getattr(node, "__dict__", None)  # tensors stored on a custom Function's ctx
-        if isinstance(extra, dict):
-            yield from extra.values()
-        yield from (nxt for nxt, _ in node.next_functions)
-
-    def _record(self, t: Any) -> None:
-        try:
-            storage = t.untyped_storage()
-            ptr, nbytes, device = storage.data_ptr(), storage.nbytes(), str(storage.device)
-        except (RuntimeError, NotImplementedError, TypeError):
-            return  # sparse, fake or wrapper tensors own no plain storage
-        if ptr == 0 or nbytes == 0 or device == "meta":
-            return
-        key = (device, ptr)
-        self.storages[key] = nbytes
-        if self.weak and device == "cpu" and key not in self.weakrefs:
-            from torch.multiprocessing.reductions import StorageWeakRef
-
-            self.weakrefs[key] = StorageWeakRef(storage)
-
-
-_SAVED: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_names(node_type: type) -> tuple[str, ...]:
-    """The ``_raw_saved_*`` attributes of an autograd node class, cached per class."""
-    if node_type not in _SAVED:
-        _SAVED[node_type] = tuple(n for n in dir(node_type) if n.startswith("_raw_saved_"))
-    return _SAVED[node_type]
+GRAPH_BUDGET = 4_000  # autograd nodes and saved tensors visited per check
+HOLDER_BUDGET = 2_000  # objects visited per check in what IPython holds
 
 
 _Roots = list[tuple[str, object]]  # (where, what it holds)
@@ -204,14 +106,14 @@ def _holders(shell: Any) -> tuple[_Roots, _Roots]:
     return outputs, frames
 
 
-def _matches(key: _Key, device: object) -> bool:
+def _matches(key: Key, device: object) -> bool:
     want = f"cuda:{device}" if isinstance(device, int) else str(device)
     return device is None or key[0] == want or (want == "cuda" and key[0].startswith("cuda"))
 
 
-def _cycles(torch: Any, weak: bool = False) -> tuple[_Walker, int]:
+def _cycles(torch: Any, weak: bool = False) -> tuple[Walker, int]:
     """Tensors in cyclic garbage, found by one collection that saves instead of frees."""
-    walker = _Walker(torch, graphs=True, weak=weak)
+    walker = Walker(torch, graphs=True, weak=weak)
     flags, start = gc.get_debug(), len(gc.garbage)
     gc.set_debug(flags | gc.DEBUG_SAVEALL)
     try:
@@ -227,17 +129,15 @@ def _cycles(torch: Any, weak: bool = False) -> tuple[_Walker, int]:
     return walker, count
 
 
-def _walk_namespace(shell: Any, torch: Any, stop: frozenset[int]) -> _Walker:
-    """The tensors the user's own variables reach (IPython's names excluded)."""
-    ns = _Walker(torch, graphs=False, stop=stop)
-    hidden = getattr(shell, "user_ns_hidden", {})
-    for name, value in list(shell.user_ns.items()):
-        if name not in hidden and not _HIDDEN.match(name):
-            ns.walk(value, name)
-    if ns.truncated:
-        msg = f"the namespace has over {_MAX_OBJECTS} objects; hints may count what it holds"
-        warnings.warn(f"jupyter_gpumem: {msg}", stacklevel=3)
-    return ns
+_SCANS: weakref.WeakKeyDictionary[Any, NamespaceScan] = weakref.WeakKeyDictionary()
+
+
+def scan_namespace(shell: Any, torch: Any, stop: frozenset[int]) -> NamespaceView:
+    """The user's variables as this shell's scan sees them now (IPython's names excluded)."""
+    scan = _SCANS.get(shell)
+    if scan is None:
+        scan = _SCANS[shell] = NamespaceScan()
+    return scan.update(shell.user_ns, getattr(shell, "user_ns_hidden", {}), torch, stop)
 
 
 def namespace_bytes(shell: Any, *, device: object = None) -> int:
@@ -249,8 +149,17 @@ def namespace_bytes(shell: Any, *, device: object = None) -> int:
     torch = sys.modules.get("torch")
     if torch is None:
         return 0
-    ns = _walk_namespace(shell, torch, _stops(shell))
-    return sum(n for k, n in ns.storages.items() if _matches(k, device))
+    held = scan_namespace(shell, torch, _stops(shell)).storages()
+    return sum(n for k, n in held.items() if _matches(k, device))
+
+
+@dataclass(frozen=True)
+class LeakCheck:
+    """The hints of one check, what it could not look at, and what it cost."""
+
+    hints: list[LeakHint]
+    notes: tuple[str, ...]  # facts about what was not checked, each said once per kernel
+    visited: int  # objects visited: the namespace scan's, graphs' and holders'
 
 
 def find_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> list[LeakHint]:
@@ -261,25 +170,45 @@ def find_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> lis
     check is a full garbage collection (about 0.2 s once torch is imported): ``cycles=False``
     skips it.
     """
+    return check_leaks(shell, device=device, cycles=cycles).hints
+
+
+def check_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> LeakCheck:
+    """`find_leaks`, with the notes and the number of objects visited."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return []
+        return LeakCheck([], (), 0)
     stop = _stops(shell)
-    ns = _walk_namespace(shell, torch, stop)
-    held = set(ns.storages)
-    graphs = _Walker(torch, graphs=True, stop=stop)
-    graph_names = [w for w, t in ns.graph_tensors if set(graphs.walk(t.grad_fn)) - held]
-    graph_keys = set(graphs.storages) - held
-    held |= graph_keys
+    view = scan_namespace(shell, torch, stop)
+    notes = list(view.notes)
+    graphs = Walker(torch, graphs=True, stop=stop, budget=GRAPH_BUDGET)
+    graph_names = []
+    for where, t in view.graph_tensors():
+        if any(not view.holds(k) for k in graphs.walk(t.grad_fn)):
+            graph_names.append(where)
+        if graphs.exhausted:
+            notes.append(
+                f"leak hints: the autograd graphs the namespace keeps have over {GRAPH_BUDGET:,} "
+                "nodes and saved tensors; the graph hint counts those walked"
+            )
+            break
+    graph_keys = {k for k in graphs.storages if not view.holds(k)}
+    spent = [0]  # objects visited in IPython's holders, all roots together
+    truncated = [False]
 
     def measure(roots: _Roots) -> tuple[int, list[str]]:
         """Bytes only these roots hold, and every root that holds some of them."""
         names, found = [], {}
         for where, root in roots:
-            walker = _Walker(torch, graphs=True, stop=stop)
+            budget = HOLDER_BUDGET - spent[0]
+            walker = Walker(torch, graphs=True, stop=stop, budget=budget, sample_large=True)
             walker.walk(root)
+            spent[0] += walker.visited
+            truncated[0] = truncated[0] or walker.truncated
             new = {
-                k: n for k, n in walker.storages.items() if k not in held and _matches(k, device)
+                k: n
+                for k, n in walker.storages.items()
+                if k not in graph_keys and not view.holds(k) and _matches(k, device)
             }
             if new:
                 names.append(where)
@@ -295,11 +224,18 @@ def find_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> lis
             list(dict.fromkeys(graph_names)),
         ),
     ]
+    if truncated[0]:
+        notes.append(
+            f"leak hints: IPython's output cache and traceback hold over {HOLDER_BUDGET:,} "
+            "objects; the hints count those walked"
+        )
     if cycles:
         garbage, count = _cycles(torch)
-        keys = {k for k in garbage.storages if k not in held and _matches(k, device)}
+        keys = {k for k in garbage.storages if not view.holds(k) and _matches(k, device)}
         hints.append(analysis.cycles_hint(sum(garbage.storages[k] for k in keys), count))
-    return sorted((h for h in hints if h is not None), key=lambda h: -h.bytes)
+    found = sorted((h for h in hints if h is not None), key=lambda h: -h.bytes)
+    visited = view.visited + graphs.visited + spent[0]
+    return LeakCheck(found, tuple(notes), visited)
 
 
 def _cuda(torch: Any) -> tuple[int, int] | None:
@@ -350,10 +286,10 @@ def _clear_traceback(shell: Any) -> list[str]:
     return ["the last traceback"] if found else []
 
 
-def _watch(shell: Any, torch: Any, stop: frozenset[int]) -> tuple[dict[_Key, Any], dict[_Key, int]]:
+def _watch(shell: Any, torch: Any, stop: frozenset[int]) -> tuple[dict[Key, Any], dict[Key, int]]:
     """Weak references to what IPython's holders and cycles reach; no local outlives it."""
     outputs, frames = _holders(shell)
-    walker = _Walker(torch, graphs=True, stop=stop, weak=True)
+    walker = Walker(torch, graphs=True, stop=stop, weak=True)
     for _, root in (*outputs, *frames):
         walker.walk(root)
     cycles, _ = _cycles(torch, weak=True)
@@ -372,7 +308,7 @@ def release(shell: Any) -> Freed:
     weakrefs, sizes = _watch(shell, torch, stop)
 
     def holds(value: object) -> bool:
-        walker = _Walker(torch, graphs=False, stop=stop)
+        walker = Walker(torch, graphs=False, stop=stop)
         walker.walk(value)
         return walker.tensors > 0
 

@@ -102,6 +102,7 @@ class Measurement:
         self._recorder = Recorder(options.recording(), namespace, digest=replay_window)
         self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
         self._token: int | None = None
+        self._hint_notes: tuple[str, ...] = ()  # what the leak check could not look at
 
     def start(self) -> None:
         if self._ranks is not None and not self._ranks.start():
@@ -137,6 +138,8 @@ class Measurement:
                 cell_key=self.cell_key,
                 leak_hints=self._leak_hints,
             )
+            if self._hint_notes:
+                self.report = replace(self.report, notes=(*self.report.notes, *self._hint_notes))
             self.report = with_ranks(self.report, ranks, rank_notes)
         except Exception as exc:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
@@ -153,10 +156,12 @@ class Measurement:
         """What IPython holds on the main device, and growth across runs of the same cell."""
         hints: list[LeakHint] = []
         if self.shell is not None and main is not None:
-            from jupyter_gpumem.ipython_state import find_leaks
+            from jupyter_gpumem.ipython_state import check_leaks
 
             device = None if main.device == "cpu" else main.index
-            hints.extend(find_leaks(self.shell, device=device, cycles=False))
+            check = check_leaks(self.shell, device=device, cycles=False)
+            hints.extend(check.hints)
+            self._hint_notes = check.notes
         if main is not None and self.cell_key is not None:
             earlier = report_log.earlier_runs(self.cell_key, main.device)
             label = self.options.name or "this cell"
