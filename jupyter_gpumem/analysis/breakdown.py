@@ -70,14 +70,36 @@ def categorize(
     by_address: dict[int, list[Tag]] = {}
     for tag in sorted(tags, key=lambda t: t.time_us):
         by_address.setdefault(tag.address, []).append(tag)
-    lives = storage_lives(events, start_blocks, {b.address for b in blocks})
+    touched = {ev.address for ev in events}
+    lives = storage_lives(events, start_blocks, {b.address for b in blocks} & touched)
     out = dict.fromkeys(CATEGORIES, 0)
     for block in blocks:
-        category = _category(block, events, by_address, lives, named, clock_slack_us)
+        if block.event_index < 0 and block.address not in touched:
+            category = _untouched_category(block.address, by_address, named)
+        else:
+            category = _category(block, events, by_address, lives, named, clock_slack_us)
         request = min(block.requested_size, block.size)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
     return out
+
+
+def _untouched_category(
+    address: int, by_address: Mapping[int, list[Tag]], named: Mapping[int, NamedStorage]
+) -> str:
+    """The category of a block older than the window at an address no event touched.
+
+    Its one storage lives through the whole window, so every tag at the address is its own;
+    what `_category` finds for it, without the per-address lives (the common case in a
+    kernel that holds many tensors the cell never touches).
+    """
+    near = by_address.get(address)
+    if near:
+        return min((t.category for t in near), key=_PRIORITY.__getitem__)
+    hit = named.get(address)
+    if hit is not None:
+        return hit.category or "other"
+    return "unattributed"
 
 
 class StorageLife(NamedTuple):

@@ -18,6 +18,7 @@ ROOT = Path(jupyter_gpumem.__file__).parent
 # Prefixes name a package's modules; within a floor, imports go either way.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("units", "records", "version"),
+    ("tensor_walk", "namespace_scan"),
     ("nvml.",),
     ("techniques.",),
     ("tracking.",),
