@@ -7,10 +7,12 @@ models with AdamW state), times, as medians of ``--repeat`` calls each:
 
 - ``snapshot_s``: ``torch.cuda.memory._snapshot()``, layout and trace, as a cell's first
   window takes it;
-- ``layout_only_s``: the layout without trace entries (``include_traces=False``, torch >= 2.10);
-- ``trace_only_s``: the trace without segments (a memory pool that does not exist);
-- ``parse_all_s``: our records of every segment (``tracking/cuda.py``);
-- ``trace_snapshot_s``: what a window's end reads (``_trace_snapshot``: the trace alone).
+- ``layout_only_s``: the layout without trace entries (``memory_snapshot(include_traces=False)``,
+  where torch has it);
+- ``parse_all_s``: our records of every segment (``tracking/cuda.py``).
+
+Asking for the trace of a memory pool that does not exist (to leave the layout out) crashed
+torch 2.11's ``_cuda_memorySnapshot`` on an H100: it is not measured, nor used.
 
 Each also with the allocator's trace on (``recording_*``), since the snapshot then carries
 every block's frames.
@@ -19,6 +21,7 @@ every block's frames.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import statistics
@@ -32,8 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-NO_POOL = (1 << 62, 1 << 62)  # an id no memory pool has
-
 
 def _median_s(fn: Callable[[], Any], repeat: int) -> float:
     times = []
@@ -42,10 +43,6 @@ def _median_s(fn: Callable[[], Any], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _raw(pool: tuple[int, int], traces: bool) -> Any:
-    return torch._C._cuda_memorySnapshot((*pool, traces))
 
 
 def measure(repeat: int) -> dict[str, Any]:
@@ -60,16 +57,9 @@ def measure(repeat: int) -> dict[str, Any]:
         "snapshot_s": _median_s(torch.cuda.memory._snapshot, repeat),
         "parse_all_s": _median_s(lambda: cuda._segments(snap["segments"], 0), repeat),
     }
-    trace = cuda._trace_snapshot(torch)
-    figures["trace_snapshot_s"] = _median_s(lambda: cuda._trace_snapshot(torch), repeat)
-    figures["trace_snapshot_works"] = trace is not None
-    for name, pool, traces in (("layout_only_s", (0, 0), False), ("trace_only_s", NO_POOL, True)):
-        try:
-            out = _raw(pool, traces)
-            figures[name] = _median_s(lambda p=pool, t=traces: _raw(p, t), repeat)  # type: ignore[misc]
-            figures[name.replace("_s", "_segments")] = len(out["segments"])
-        except Exception as exc:  # an older torch refuses the argument: that is the figure
-            figures[name] = repr(exc)
+    if "include_traces" in inspect.signature(torch.cuda.memory.memory_snapshot).parameters:
+        layout = torch.cuda.memory.memory_snapshot
+        figures["layout_only_s"] = _median_s(lambda: layout(include_traces=False), repeat)
     return figures
 
 

@@ -239,9 +239,7 @@ class CudaSession:
     def _close(self, last_step: int | None) -> None:
         torch = self.torch
         user_changed = GUARD.calls != self._guard_calls
-        snapshot = _trace_snapshot(torch) if not self.snapshot_path else None
-        if snapshot is None:
-            snapshot = torch.cuda.memory._snapshot()
+        snapshot = torch.cuda.memory._snapshot()
         if self.snapshot_path:
             self._snapshot = snapshot
         if self._we_record and not user_changed:
@@ -386,23 +384,6 @@ def allocator_backend() -> str:
         + os.environ.get("PYTORCH_ALLOC_CONF", "")
     )
     return "cudaMallocAsync" if "backend:cudaMallocAsync" in conf.replace(" ", "") else "native"
-
-
-_NO_POOL = (1 << 62, 1 << 62)  # a memory pool id that no pool has
-
-
-def _trace_snapshot(torch: Any) -> Mapping[str, Any] | None:
-    """The allocator's trace without its layout, or None where torch cannot leave it out.
-
-    A window's end needs only the trace; the layout (every block of a kernel holding tens of
-    thousands of tensors) would cost as much again. Asking for a pool that does not exist
-    leaves every segment out and the trace in (torch >= 2.10 takes ``(pool, include_traces)``).
-    """
-    try:
-        snapshot = torch._C._cuda_memorySnapshot((*_NO_POOL, True))
-    except (TypeError, RuntimeError, ValueError):
-        return None
-    return snapshot if not snapshot.get("segments") else None
 
 
 def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentState, ...]:
