@@ -132,12 +132,16 @@ def _cycles(torch: Any, weak: bool = False) -> tuple[Walker, int]:
 _SCANS: weakref.WeakKeyDictionary[Any, NamespaceScan] = weakref.WeakKeyDictionary()
 
 
-def scan_namespace(shell: Any, torch: Any, stop: frozenset[int]) -> NamespaceView:
-    """The user's variables as this shell's scan sees them now (IPython's names excluded)."""
+def _scan(shell: Any) -> NamespaceScan:
     scan = _SCANS.get(shell)
     if scan is None:
         scan = _SCANS[shell] = NamespaceScan()
-    return scan.update(shell.user_ns, getattr(shell, "user_ns_hidden", {}), torch, stop)
+    return scan
+
+
+def scan_namespace(shell: Any, torch: Any, stop: frozenset[int]) -> NamespaceView:
+    """The user's variables as this shell's scan sees them now (IPython's names excluded)."""
+    return _scan(shell).update(shell.user_ns, getattr(shell, "user_ns_hidden", {}), torch, stop)
 
 
 def namespace_bytes(shell: Any, *, device: object = None) -> int:
@@ -187,9 +191,10 @@ def check_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> Le
         if any(not view.holds(k) for k in graphs.walk(t.grad_fn)):
             graph_names.append(where)
         if graphs.exhausted:
-            notes.append(
+            notes += _scan(shell).once(
+                "graphs",
                 f"leak hints: the autograd graphs the namespace keeps have over {GRAPH_BUDGET:,} "
-                "nodes and saved tensors; the graph hint counts those walked"
+                "nodes and saved tensors; the graph hint counts those walked",
             )
             break
     graph_keys = {k for k in graphs.storages if not view.holds(k)}
@@ -225,9 +230,10 @@ def check_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> Le
         ),
     ]
     if truncated[0]:
-        notes.append(
+        notes += _scan(shell).once(
+            "holders",
             f"leak hints: IPython's output cache and traceback hold over {HOLDER_BUDGET:,} "
-            "objects; the hints count those walked"
+            "objects; the hints count those walked",
         )
     if cycles:
         garbage, count = _cycles(torch)

@@ -179,6 +179,14 @@ class NamespaceScan:
             summary.done += 1
         return summary
 
+    def once(self, key: str, note: str) -> list[str]:
+        """``[note]`` the first time ``key`` is said in this kernel, ``[]`` after."""
+        said = (key, "once", 0)
+        if said in self._said:
+            return []
+        self._said.add(said)
+        return [note]
+
     def _notes(self) -> tuple[str, ...]:
         notes = []
         for name, s in self._summaries.items():
