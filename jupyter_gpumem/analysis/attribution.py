@@ -79,14 +79,26 @@ def attribute(
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
     breakdown = categorize(
-        replay.live_at_peak, events, tags, start_blocks, on_device, clock_slack_us=slack
+        replay.touched_at_peak,
+        events,
+        tags,
+        start_blocks,
+        on_device,
+        clock_slack_us=slack,
+        held=replay.held,
     )
     peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
     phase, step = peak_phase(marks, peak_us)
     oom = None
     if replay.oom_index is not None:
         at_oom = categorize(
-            replay.live_at_oom, events, tags, start_blocks, on_device, clock_slack_us=slack
+            replay.touched_at_oom,
+            events,
+            tags,
+            start_blocks,
+            on_device,
+            clock_slack_us=slack,
+            held=replay.held,
         )
         dominant = max(at_oom, key=at_oom.__getitem__)
         largest = tensor_records(

@@ -13,9 +13,11 @@ from typing import NamedTuple
 
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
+    ALLOCATED,
     BlockState,
     NamedStorage,
     PhaseMark,
+    SegmentState,
     Tag,
     TraceEvent,
     allocated_by_communication,
@@ -58,8 +60,10 @@ def categorize(
     named: Mapping[int, NamedStorage],
     *,
     clock_slack_us: int = 0,
+    held: Sequence[SegmentState] = (),
 ) -> dict[str, int]:
-    """Bytes per category for ``blocks``; the values sum to the blocks' total, exactly.
+    """Bytes per category for ``blocks`` and the allocated blocks of ``held`` (segments no
+    event touched); the values sum to the blocks' total, exactly.
 
     Each block's request counts in its category and the rest of the block in ``ALLOCATOR_SLACK``.
 
@@ -81,7 +85,34 @@ def categorize(
         request = min(block.requested_size, block.size)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
+    if held:
+        _add_held(out, held, by_address, named)
     return out
+
+
+def _add_held(
+    out: dict[str, int],
+    held: Sequence[SegmentState],
+    by_address: Mapping[int, list[Tag]],
+    named: Mapping[int, NamedStorage],
+) -> None:
+    """The blocks of segments no event touched, each as `_untouched_category` has it; one
+    tight pass, as a kernel holding many tensors has tens of thousands of them."""
+    best = {
+        address: min((t.category for t in near), key=_PRIORITY.__getitem__)
+        for address, near in by_address.items()
+    }
+    for address, hit in named.items():
+        best.setdefault(address, hit.category or "other")
+    slack = 0
+    for seg in held:
+        for b in seg.blocks:
+            if b.state != ALLOCATED:
+                continue
+            request = b.size if b.requested_size is None else min(b.requested_size, b.size)
+            out[best.get(b.address, "unattributed")] += request
+            slack += b.size - request
+    out[ALLOCATOR_SLACK] += slack
 
 
 def _untouched_category(

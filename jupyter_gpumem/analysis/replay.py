@@ -17,6 +17,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,11 +51,23 @@ class Replay:
     peak_allocated: int
     peak_reserved: int
     peak_index: int  # index of the event that reached the peak, -1 if the start was the peak
-    live_at_peak: tuple[Live, ...]
+    touched_at_peak: tuple[Live, ...]  # live blocks at the peak, of the segments events touched
     allocated_series: tuple[int, ...]  # allocated after each event
     reserved_series: tuple[int, ...]  # reserved after each event
     oom_index: int | None = None  # first out-of-memory event, if any
-    live_at_oom: tuple[Live, ...] = ()
+    touched_at_oom: tuple[Live, ...] = ()
+    # Segments no event touched: each of their allocated blocks is live all through the
+    # interval. Kept whole so that a kernel holding many blocks costs no work per block here.
+    held: tuple[SegmentState, ...] = ()
+
+    @property
+    def live_at_peak(self) -> tuple[Live, ...]:
+        """Every block allocated at the peak, by address."""
+        return _with_held(self.touched_at_peak, self.held)
+
+    @property
+    def live_at_oom(self) -> tuple[Live, ...]:
+        return _with_held(self.touched_at_oom, self.held) if self.oom_index is not None else ()
 
 
 @dataclass(slots=True, eq=False)
@@ -171,6 +184,36 @@ def _requested(block: BlockState) -> int:
     return block.size if block.requested_size is None else block.requested_size
 
 
+def _with_held(touched: tuple[Live, ...], held: Sequence[SegmentState]) -> tuple[Live, ...]:
+    if not held:
+        return touched
+    return tuple(sorted((*touched, *live_blocks(held)), key=lambda b: b.address))
+
+
+def segment_allocated(seg: SegmentState) -> int:
+    """Bytes of the segment's allocated blocks."""
+    return sum(b.size for b in seg.blocks if b.state == ALLOCATED)
+
+
+def touched_segments(segments: Sequence[SegmentState], events: Sequence[TraceEvent]) -> set[int]:
+    """Addresses of the segments that hold the address of some event."""
+    if not events or not segments:
+        return set()
+    ordered = sorted(segments, key=lambda s: s.address)
+    starts = [s.address for s in ordered]
+    touched: set[int] = set()
+    seen: set[int] = set()
+    for ev in events:
+        address = ev.address
+        if address in seen:
+            continue
+        seen.add(address)
+        i = bisect.bisect_right(starts, address) - 1
+        if i >= 0 and address < starts[i] + ordered[i].total_size:
+            touched.add(starts[i])
+    return touched
+
+
 def live_blocks(segments: Sequence[SegmentState]) -> tuple[Live, ...]:
     """The allocated blocks of a starting layout, as blocks live before the interval."""
     return tuple(
@@ -202,8 +245,13 @@ def replay(
     when given, the model's own totals must agree or the replay is marked inexact.
     """
     model = _Model()
+    touched = touched_segments(segments, events)
+    held = tuple(seg for seg in segments if seg.address not in touched)
+    model.allocated = sum(segment_allocated(seg) for seg in held)
+    model.reserved = sum(seg.total_size for seg in held)
     for seg in segments:
-        model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+        if seg.address in touched:
+            model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
     reason: str | None = None
     if allocated_start is not None and allocated_start != model.allocated:
         reason = f"start layout holds {model.allocated} allocated bytes, counters {allocated_start}"
@@ -247,11 +295,12 @@ def replay(
         peak_allocated=peak_a,
         peak_reserved=peak_r,
         peak_index=peak_index,
-        live_at_peak=live_at_peak,
+        touched_at_peak=live_at_peak,
         allocated_series=tuple(alloc_series),
         reserved_series=tuple(reserved_series),
         oom_index=oom_index,
-        live_at_oom=live_at_oom,
+        touched_at_oom=live_at_oom,
+        held=held if keep_live_at_peak and (reason is None or peak_index < 0) else (),
     )
 
 
@@ -335,11 +384,11 @@ def replay_exact(
         peak_allocated=peak,
         peak_reserved=peak,
         peak_index=peak_index,
-        live_at_peak=live_at_peak,
+        touched_at_peak=live_at_peak,
         allocated_series=tuple(series),
         reserved_series=tuple(series),
         oom_index=oom_index,
-        live_at_oom=live_at_oom,
+        touched_at_oom=live_at_oom,
     )
 
 

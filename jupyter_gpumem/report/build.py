@@ -132,10 +132,11 @@ def _device_attribution(
             top=top,
             marks=rec.marks,
         )
+    held = {id(seg) for seg in peaks.replay.held}  # categorized whole, without their blocks
     found = attribute(
         peaks.replay,
         window.events,
-        live_blocks(window.segments_before),
+        live_blocks([seg for seg in window.segments_before if id(seg) not in held]),
         tags=tags,
         marks=rec.marks,
         named=rec.named,

@@ -111,3 +111,44 @@ def test_oom_event_keeps_what_was_live() -> None:
     r = replay([], events)
     assert r.oom_index == 2
     assert [b.size for b in r.live_at_oom] == [6 * MiB]
+
+
+def test_segments_no_event_touches_are_held_whole_and_still_count() -> None:
+    """A kernel holding many blocks: only the segment the events touch is modelled block by
+    block; the others are `held`, and the peak, its live blocks and its breakdown are the same."""
+    from jupyter_gpumem.analysis.breakdown import categorize
+    from jupyter_gpumem.records import NamedStorage, Tag
+
+    def segment(i: int) -> SegmentState:
+        start = BASE + i * 2 * MiB
+        blocks = (
+            BlockState(start, 1024, ALLOCATED, 1000),
+            BlockState(start + 1024, 2 * MiB - 1024, FREE),
+        )
+        return SegmentState(start, 2 * MiB, True, blocks)
+
+    layout = [segment(i) for i in range(50)]
+    busy = layout[7].address + 1024  # the free rest of segment 7
+    events = [
+        ev("alloc", busy, 4096),
+        ev("free_requested", busy, 4096),
+        ev("free_completed", busy, 4096),
+    ]
+    r = replay(layout, events, allocated_start=50 * 1024, reserved_start=100 * MiB)
+    assert r.exact and r.peak_allocated == 50 * 1024 + 4096
+    assert [s.address for s in r.held] == [s.address for s in layout if s is not layout[7]]
+    assert {b.address for b in r.touched_at_peak} == {layout[7].address, busy}
+    assert len(r.live_at_peak) == 51 and sum(b.size for b in r.live_at_peak) == r.peak_allocated
+
+    tags = [Tag(layout[3].address, "parameters", 0, 1000), Tag(busy, "activations", 0, 4096)]
+    named = {
+        layout[4].address: NamedStorage(
+            layout[4].address, 1000, "opt", "optimizer_state", (250,), "float32", "cuda:0"
+        )
+    }
+    split = categorize(r.touched_at_peak, events, tags, [], named, held=r.held)
+    whole = categorize(r.live_at_peak, events, tags, [], named)
+    assert split == whole
+    assert split["parameters"] == 1000 and split["optimizer_state"] == 1000
+    assert split["activations"] == 4096 and split["unattributed"] == 48 * 1000
+    assert sum(split.values()) == r.peak_allocated
