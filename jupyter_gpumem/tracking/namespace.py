@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from jupyter_gpumem.records import NamedStorage
@@ -59,29 +59,77 @@ def modules_and_optimizers(
 
 def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
     """Every tensor storage reachable from the namespace, by storage address; first name wins."""
+    return named_of(walk(user_ns))
+
+
+def named_of(found: Iterable[tuple[Any, str, str | None]]) -> dict[int, NamedStorage]:
+    """The storages of ``walk``'s (tensor, name, category), by address; first name wins."""
     out: dict[int, NamedStorage] = {}
-    for t, name, category in walk(user_ns):
-        if t.is_meta or getattr(t, "is_sparse", False):
-            continue
-        try:
-            storage = t.untyped_storage()
-            address = storage.data_ptr()
-        except (
-            RuntimeError,
-            NotImplementedError,
-        ):  # tensors without storage (e.g. functional wrappers)
-            continue
-        if address and address not in out:
-            out[address] = NamedStorage(
-                address,
-                storage.nbytes(),
-                name,
-                category,
-                tuple(t.shape),
-                str(t.dtype).removeprefix("torch."),
-                str(t.device),
-            )
+    for t, name, category in found:
+        named = _NAMES.get(t, name, category)
+        if named is not None and named.address not in out:
+            out[named.address] = named
     return out
+
+
+class _NameCache:
+    """Each tensor's record as last made, reused while the tensor keeps its data and name.
+
+    A kernel holding several models names thousands of parameters and optimizer states on
+    every cell; reading each one's storage again is most of that cost. Keyed by ``id`` with
+    a weak reference to check it (a tensor's ``==`` is elementwise, so tensors cannot be keys).
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[weakref.ref[Any], int, NamedStorage | None]] = {}
+        self._live = 0  # entries left by the last pruning
+
+    def get(self, t: Any, name: str, category: str | None) -> NamedStorage | None:
+        kept = self._made.get(id(t))
+        try:
+            ptr = t.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            ptr = 0
+        unchanged = kept is not None and kept[0]() is t and kept[1] == ptr
+        if unchanged:
+            assert kept is not None
+            named = kept[2]
+            if named is None:
+                return None
+            same = named.name == name and named.category == category
+            if same and named.shape == tuple(t.shape):
+                return named
+        named = _named(t, name, category)
+        if len(self._made) > max(_PRUNE_AT, 2 * self._live):  # drop the dead, amortised
+            self._made = {k: v for k, v in self._made.items() if v[0]() is not None}
+            self._live = len(self._made)
+        self._made[id(t)] = (weakref.ref(t), ptr, named)
+        return named
+
+
+_PRUNE_AT = 10_000
+_NAMES = _NameCache()
+
+
+def _named(t: Any, name: str, category: str | None) -> NamedStorage | None:
+    if t.is_meta or getattr(t, "is_sparse", False):
+        return None
+    try:
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (functional wrappers)
+        return None
+    if not address:
+        return None
+    return NamedStorage(
+        address,
+        storage.nbytes(),
+        name,
+        category,
+        tuple(t.shape),
+        str(t.dtype).removeprefix("torch."),
+        str(t.device),
+    )
 
 
 def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:

@@ -14,7 +14,7 @@ from jupyter_gpumem.records import CellRecording, DeviceRecording, PhaseMark, Ta
 from jupyter_gpumem.tracking.cuda import CudaSession, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tracking.namespace import named_storages, walk
+from jupyter_gpumem.tracking.namespace import named_of, named_storages, walk
 from jupyter_gpumem.tracking.tags import Tagger
 
 log = logging.getLogger(__name__)
@@ -78,14 +78,20 @@ class Recorder:
                 digest=self.digest,
             )
             self._session.start()
-        elif torch is not None and self.options.trace:
-            started = self._guarded("CPU tensor source", lambda: _start_cpu_source(self.user_ns))
+        found: list[tuple[Any, str, str | None]] = []  # the namespace's tensors, read once
+        if torch is not None and self.options.trace:
+            found = self._guarded("namespace", lambda: list(walk(self.user_ns)))
+            found = [] if found is _FAILED else found
+        if torch is not None and self.options.trace and self._session is None:
+            tensors = [t for t, _, _ in found]
+            started = self._guarded("CPU tensor source", lambda: _start_cpu_source(tensors))
             if started is not _FAILED:
                 self._cpu, self._cpu_start = started
         if torch is not None and self.options.trace:
             self._tagger = Tagger(torch, self.user_ns)
             self._tagger.on_boundary = self._boundary
-            if self._guarded("tags", self._tagger.start) is _FAILED:
+            named = named_of(found)
+            if self._guarded("tags", lambda: self._tagger.start(named)) is _FAILED:
                 self._tagger = None
             self._detailed = True
             steps = self.options.detail_steps
@@ -212,10 +218,10 @@ class Recorder:
             return _FAILED
 
 
-def _start_cpu_source(user_ns: Mapping[str, Any]) -> tuple[Any, tuple[tuple[int, int], ...]]:
+def _start_cpu_source(tensors: Sequence[Any]) -> tuple[Any, tuple[tuple[int, int], ...]]:
     """The CPU stand-in for the allocator trace, following the namespace's tensors for frees."""
     from jupyter_gpumem.tracking.dispatch import DispatchRecorder
 
     recorder = DispatchRecorder()
-    start = recorder.start(t for t, _, _ in walk(user_ns))
+    start = recorder.start(tensors)
     return recorder, start

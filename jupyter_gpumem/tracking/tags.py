@@ -39,8 +39,8 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jupyter_gpumem.records import PhaseMark, Tag
-from jupyter_gpumem.tracking.namespace import modules_and_optimizers, named_storages
+from jupyter_gpumem.records import NamedStorage, PhaseMark, Tag
+from jupyter_gpumem.tracking.namespace import named_storages
 
 
 def _now_us() -> int:
@@ -72,8 +72,9 @@ class Tagger:
     def active(self) -> bool:
         return bool(self._handles)
 
-    def start(self) -> None:
-        self._install()
+    def start(self, named: Mapping[int, NamedStorage] | None = None) -> None:
+        """Install the hooks; ``named``: the namespace's storages now, if already read."""
+        self._install(named)
         self._mark("other")
 
     def pause(self) -> None:
@@ -94,14 +95,14 @@ class Tagger:
         """The forward pre-hook's work, for a root forward that began before ``resume()``."""
         self._forward_pre(module, args, boundary=False)
 
-    def _install(self) -> None:
+    def _install(self, named: Mapping[int, NamedStorage] | None = None) -> None:
+        # What the namespace's models and optimizers hold is tagged from their names; their
+        # modules are adopted (gradient hooks) when they are called, so a kernel holding
+        # several models pays nothing here for the ones a cell does not use.
         now = _now_us()
-        for named in named_storages(self.user_ns).values():
-            if named.category is not None:
-                self.tags.append(Tag(named.address, named.category, now, named.nbytes))
-        modules, _ = modules_and_optimizers(self.user_ns)
-        for _, module in modules.values():
-            self._adopt(module)
+        for storage in (named if named is not None else named_storages(self.user_ns)).values():
+            if storage.category is not None:
+                self.tags.append(Tag(storage.address, storage.category, now, storage.nbytes))
         torch = self.torch
         hooks = torch.nn.modules.module
         self._handles.append(hooks.register_module_forward_pre_hook(self._forward_pre))
