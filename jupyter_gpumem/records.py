@@ -162,9 +162,9 @@ class DeviceRecording:
     cell_peak_allocated: int | None = None  # the cell's own peak counters; None if not kept
     cell_peak_reserved: int | None = None
     trace_problem: str | None = None  # why no window was traced; None when one was
-    end_blocks: tuple[BlockState, ...] | None = (
-        None  # allocated blocks at the end, after a light stretch
-    )
+    # After a light stretch: the blocks allocated at the end that the first window's start
+    # layout did not hold (the ones the cell may have left alive). None: not read.
+    end_blocks: tuple[BlockState, ...] | None = None
 
     @property
     def segments_before(self) -> tuple[SegmentState, ...]:

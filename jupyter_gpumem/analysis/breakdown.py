@@ -315,14 +315,14 @@ def tensors_at_end(
 ) -> tuple[TensorRecord, ...]:
     """Like :func:`tensor_records` for a cell traced in part: what is alive comes from the
     allocator's layout at the end, where each block was made from the traced events."""
-    before = {(b.address, b.size) for b in start_blocks}
+    before = {b.address: b.size for b in start_blocks}  # ints only: nothing for the collector
     made: dict[int, TraceEvent] = {}
     for ev in events:
         if ev.action == "alloc":
             made[ev.address] = ev
     alive = []
     for block in end_blocks:
-        if (block.address, block.size) in before:
+        if before.get(block.address) == block.size:
             continue
         n = named.get(block.address)
         origin = made.get(block.address)

@@ -124,7 +124,7 @@ def _device_attribution(
     if not whole and drec.end_blocks is not None:
         listed = tensors_at_end(
             [e for w in peaks.windows for e in w.window.events],
-            live_blocks(drec.windows[0].segments_before) if drec.windows else (),
+            (),  # end_blocks holds only the blocks the first window's start did not
             drec.end_blocks,
             {a: n for a, n in rec.named.items() if n.device == device},
             device=device,

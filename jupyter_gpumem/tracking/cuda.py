@@ -373,11 +373,10 @@ class CudaSession:
         elif self._windows and GUARD.calls == self._guard_calls and self._past_windows(step):
             self.sample(step)  # the tail after the last boundary
             layout = torch.cuda.memory._snapshot()
-            for d in self._windows:
-                end_blocks[d] = tuple(
-                    b for seg in _segments(layout.get("segments", []), d) for b in seg.blocks
-                    if b.state == "allocated"
-                )  # fmt: skip
+            for d, windows in self._windows.items():
+                end_blocks[d] = _new_blocks(
+                    layout.get("segments", []), d, windows[0].segments_before
+                )
         if self.snapshot_path and self._snapshot is not None:
             with open(self.snapshot_path, "wb") as f:
                 pickle.dump(self._snapshot, f)
@@ -490,6 +489,29 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
         )
         for seg in raw
         if seg.get("device", 0) == device
+    )
+
+
+def _new_blocks(
+    raw: Sequence[Mapping[str, Any]], device: int, start: Sequence[SegmentState]
+) -> tuple[BlockState, ...]:
+    """The blocks allocated in ``raw`` that were not allocated, with that size, in ``start``.
+
+    Records only those: in a kernel holding tens of thousands of tensors, making a record of
+    every block would cost more than the rest of the analysis.
+    """
+    before = {b.address: b.size for seg in start for b in seg.blocks if b.state == "allocated"}
+    return tuple(
+        BlockState(
+            int(b["address"]),
+            int(b["size"]),
+            "allocated",
+            int(b["requested_size"]) if b.get("requested_size") else None,
+        )
+        for seg in raw
+        if seg.get("device", 0) == device
+        for b in seg.get("blocks", ())
+        if b["state"] == "active_allocated" and before.get(b["address"]) != b["size"]
     )
 
 
