@@ -78,28 +78,19 @@ def attribute(
     """
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
-    breakdown = categorize(
-        replay.touched_at_peak,
-        events,
-        tags,
-        start_blocks,
-        on_device,
-        clock_slack_us=slack,
-        held=replay.held,
-    )
+
+    def categories(touched: Sequence[Live]) -> dict[str, int]:
+        """The breakdown of ``touched`` and of the blocks of segments no event touched."""
+        return categorize(
+            touched, events, tags, start_blocks, on_device, clock_slack_us=slack, held=replay.held
+        )
+
+    breakdown = categories(replay.touched_at_peak)
     peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
     phase, step = peak_phase(marks, peak_us)
     oom = None
     if replay.oom_index is not None:
-        at_oom = categorize(
-            replay.touched_at_oom,
-            events,
-            tags,
-            start_blocks,
-            on_device,
-            clock_slack_us=slack,
-            held=replay.held,
-        )
+        at_oom = categories(replay.touched_at_oom)
         dominant = max(at_oom, key=at_oom.__getitem__)
         largest = tensor_records(
             events[: replay.oom_index], on_device, device=device, cell=cell, top=5, marks=marks
