@@ -13,7 +13,9 @@ keyed by the identity of its value. Each cell it visits at most ``budget`` objec
 - a module is summarised by its parameters, buffers and gradients, an optimizer by its state;
 - what the budget does not reach this cell waits for the next one, oldest first.
 
-What could not be checked is said once, as notes, when it is first found.
+What could not be checked is said once, as notes, when it is first found (containers judged
+by a sample from ``SAY_SAMPLED`` items: below that, a sample of 16 that holds no tensor is
+taken as the container's answer without a note).
 
 Known limitations:
     - An item replaced in place in a list (``xs[0] = y``) or a tensor stored as a plain
@@ -33,6 +35,7 @@ from typing import Any
 from jupyter_gpumem.tensor_walk import LARGE, Key, Walker, sample
 
 SCAN_BUDGET = 2_000  # objects visited per cell: a few milliseconds
+SAY_SAMPLED = 10_000  # a container judged by a sample is named in the notes from this size
 HIDDEN = re.compile(r"^(_+|_\d+|_i+\d*|_[ido]h|In|Out|__\w+__)$")
 
 _Fingerprint = tuple[Any, ...]
@@ -192,7 +195,7 @@ class NamespaceScan:
         for name, s in self._summaries.items():
             for where, n in s.skipped:
                 key = (where, "sampled", n)
-                if key not in self._said:
+                if n >= SAY_SAMPLED and key not in self._said:
                     self._said.add(key)
                     notes.append(
                         f"leak hints: {where} ({n:,} items) was judged by a sample of its "

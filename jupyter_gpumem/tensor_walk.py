@@ -108,7 +108,9 @@ class Walker:
             return
         elif isinstance(obj, _CONTAINERS):
             if self.sample_large and len(obj) > LARGE and not self.holds_tensors(sample(obj)):
-                self.skipped.append((where, len(obj)))
+                self.skipped.append(
+                    (where if depth == 0 else f"a container inside {where}", len(obj))
+                )
                 return
             if isinstance(obj, dict):
                 yield from obj.keys()

@@ -44,10 +44,13 @@ def test_objects_visited_per_cell_do_not_grow_with_the_namespace() -> None:
 
 
 def test_what_a_sample_skips_is_said_once() -> None:
-    ns, scanner = lived_in(10_000), NamespaceScan()
+    ns, scanner = lived_in(100_000), NamespaceScan()
+    ns["small"] = list(range(LARGE + 1))  # judged by a sample too, but too small to mention
     notes = scan(ns, scanner).notes
-    assert any("rows (10,000 items)" in n and "sample" in n for n in notes)
-    assert any("vocab (1,000 items)" in n for n in notes)
+    assert any("rows (100,000 items)" in n and "sample" in n for n in notes)
+    assert any("vocab (10,000 items)" in n for n in notes)
+    assert any("names (10,000 items)" in n for n in notes)
+    assert not any("small" in n for n in notes) and len(notes) == 3
     assert scan(ns, scanner).notes == ()
     view = scan(ns, scanner)
     model, opt = ns["model"], ns["opt"]
