@@ -3,6 +3,7 @@ for a cell that never touched the allocator."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ opt.zero_grad(set_to_none=True)
 
 @pytest.fixture
 def ip(shell: InteractiveShell) -> Iterator[InteractiveShell]:
+    gc.collect()
     assert shell.run_cell(LIVED_IN).success
     for _ in range(12):  # the namespace scan finishes its 20,000-tensor list
         assert shell.run_cell("%%gpumem --quiet\n_z = 1").success
@@ -51,6 +53,7 @@ def snapshots(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def measured(ip: InteractiveShell, body: str) -> Any:
     import torch
 
+    gc.collect()  # garbage of earlier tests freed inside a cell would move the allocator
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     assert ip.run_cell("%%gpumem -o r --quiet\n" + body).success
