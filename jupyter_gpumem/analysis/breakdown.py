@@ -76,61 +76,43 @@ def categorize(
         by_address.setdefault(tag.address, []).append(tag)
     touched = {ev.address for ev in events}
     lives = storage_lives(events, start_blocks, {b.address for b in blocks} & touched)
+    standing = _standing(by_address, named)
     out = dict.fromkeys(CATEGORIES, 0)
     for block in blocks:
         if block.event_index < 0 and block.address not in touched:
-            category = _untouched_category(block.address, by_address, named)
+            category = standing.get(block.address, "unattributed")
         else:
             category = _category(block, events, by_address, lives, named, clock_slack_us)
         request = min(block.requested_size, block.size)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
-    if held:
-        _add_held(out, held, by_address, named)
+    slack = 0
+    for seg in held:  # one tight pass: a kernel holding many tensors has tens of thousands
+        for b in seg.blocks:
+            if b.state == ALLOCATED:
+                request = b.size if b.requested_size is None else min(b.requested_size, b.size)
+                out[standing.get(b.address, "unattributed")] += request
+                slack += b.size - request
+    out[ALLOCATOR_SLACK] += slack
     return out
 
 
-def _add_held(
-    out: dict[str, int],
-    held: Sequence[SegmentState],
-    by_address: Mapping[int, list[Tag]],
-    named: Mapping[int, NamedStorage],
-) -> None:
-    """The blocks of segments no event touched, each as `_untouched_category` has it; one
-    tight pass, as a kernel holding many tensors has tens of thousands of them."""
-    best = {
+def _standing(
+    by_address: Mapping[int, list[Tag]], named: Mapping[int, NamedStorage]
+) -> dict[int, str]:
+    """The category of a block older than the window at an address no event touched.
+
+    Its one storage lives through the whole window, so every tag at its address is its own
+    (the most specific wins), else the namespace's name says what it is: what `_category`
+    finds for such a block, without the per-address lives. Addresses absent: unattributed.
+    """
+    out = {
         address: min((t.category for t in near), key=_PRIORITY.__getitem__)
         for address, near in by_address.items()
     }
     for address, hit in named.items():
-        best.setdefault(address, hit.category or "other")
-    slack = 0
-    for seg in held:
-        for b in seg.blocks:
-            if b.state != ALLOCATED:
-                continue
-            request = b.size if b.requested_size is None else min(b.requested_size, b.size)
-            out[best.get(b.address, "unattributed")] += request
-            slack += b.size - request
-    out[ALLOCATOR_SLACK] += slack
-
-
-def _untouched_category(
-    address: int, by_address: Mapping[int, list[Tag]], named: Mapping[int, NamedStorage]
-) -> str:
-    """The category of a block older than the window at an address no event touched.
-
-    Its one storage lives through the whole window, so every tag at the address is its own;
-    what `_category` finds for it, without the per-address lives (the common case in a
-    kernel that holds many tensors the cell never touches).
-    """
-    near = by_address.get(address)
-    if near:
-        return min((t.category for t in near), key=_PRIORITY.__getitem__)
-    hit = named.get(address)
-    if hit is not None:
-        return hit.category or "other"
-    return "unattributed"
+        out.setdefault(address, hit.category or "other")
+    return out
 
 
 class StorageLife(NamedTuple):

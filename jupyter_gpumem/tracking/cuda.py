@@ -477,18 +477,19 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
             address=int(seg["address"]),
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
-            blocks=tuple(
-                BlockState(
-                    int(b["address"]),
-                    int(b["size"]),
-                    _STATES.get(b["state"], "allocated"),
-                    int(b["requested_size"]) if b.get("requested_size") else None,
-                )
-                for b in seg.get("blocks", ())
-            ),
+            blocks=tuple(_block(b) for b in seg.get("blocks", ())),
         )
         for seg in raw
         if seg.get("device", 0) == device
+    )
+
+
+def _block(b: Mapping[str, Any]) -> BlockState:
+    return BlockState(
+        int(b["address"]),
+        int(b["size"]),
+        _STATES.get(b["state"], "allocated"),
+        int(b["requested_size"]) if b.get("requested_size") else None,
     )
 
 
@@ -502,12 +503,7 @@ def _new_blocks(
     """
     before = {b.address: b.size for seg in start for b in seg.blocks if b.state == "allocated"}
     return tuple(
-        BlockState(
-            int(b["address"]),
-            int(b["size"]),
-            "allocated",
-            int(b["requested_size"]) if b.get("requested_size") else None,
-        )
+        _block(b)
         for seg in raw
         if seg.get("device", 0) == device
         for b in seg.get("blocks", ())

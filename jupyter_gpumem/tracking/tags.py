@@ -5,7 +5,8 @@ happens in between:
 - global module forward hooks: inputs of the root module, parameters of modules
   that appear during the cell, and the forward phase;
 - ``saved_tensors_hooks``: activations saved for backward, and the backward phase;
-- post-accumulate-grad hooks on the parameters of discovered modules: gradients;
+- post-accumulate-grad hooks on the parameters of modules the cell calls: gradients
+  (what the namespace's models hold is tagged from their names when recording starts);
 - global optimizer step hooks: optimizer state, and the optimizer phase.
 
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
