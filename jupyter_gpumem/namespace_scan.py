@@ -164,14 +164,16 @@ class NamespaceScan:
     def _scan_sequence(
         self, name: str, value: Any, fp: _Fingerprint, base: Summary | None, walker: Walker
     ) -> Summary:
-        """A list walked item by item from where the last walk stopped, as far as the budget goes."""
-        summary = Summary(fp, scanned_at=self._cell)
+        """A list walked item by item from where the last walk stopped, as far as the budget goes.
+
+        The last walk's summary goes on in place: copying it would cost as much as it holds.
+        """
         if base is not None:
-            summary.storages.update(base.storages)
-            summary.graphs.extend(base.graphs)
-            summary.skipped.extend(base.skipped)
-            summary.done, summary.cut = base.done, base.cut
-        elif not walker.holds_tensors(sample(value)):
+            summary = base
+            summary.fingerprint, summary.scanned_at = fp, self._cell
+        else:
+            summary = Summary(fp, scanned_at=self._cell)
+        if base is None and not walker.holds_tensors(sample(value)):
             walker.skipped.append((name, len(value)))
             summary.done = len(value)
             return summary
