@@ -12,8 +12,10 @@ cell.
 Kernels (``--kernel``): ``fresh`` holds only each cell's own objects; ``lived-in`` first fills
 the namespace the way an hour of work does (see :func:`lived_in`): 20,000 live tensors in a
 list, ViT-B/16, BERT-base and GPT-2 with AdamW state, a list of 2,000,000 small dicts and a
-5,000,000-row DataFrame. ``both`` runs every cell in a fresh kernel, then every cell again
-after the namespace is filled (the fresh figures stay beside the lived-in ones).
+5,000,000-row DataFrame (the CPU child's kernel holds the same without the three models).
+Tiny `%%gpumem` cells then run until the namespace scan has walked everything once; their
+times are ``settling_whole_s``. ``both`` runs every cell in a fresh kernel, then every cell
+again after the namespace is filled (the fresh figures stay beside the lived-in ones).
 
 Each cell runs through ``shell.run_cell`` in one IPython shell with the extension loaded,
 plain and under ``%%gpumem`` alternately, for ``--rounds`` rounds (three times as many for
@@ -186,13 +188,14 @@ def cells(quick: bool, cpu: bool) -> list[Cell]:
 # -- the lived-in kernel ---------------------------------------------------------------------
 
 
-def lived_in(device: torch.device, quick: bool) -> dict[str, Any]:
+def lived_in(device: torch.device, quick: bool, models: bool = True) -> dict[str, Any]:
     """What a notebook holds after an hour of work, as namespace entries.
 
     20,000 live tensors of mixed small sizes in a list (cached features); ViT-B/16, BERT-base
-    and GPT-2 (from their configs, random weights) each with AdamW state after one step; a
-    list of 2,000,000 small dicts (a dataset as Python objects); a 5,000,000-row DataFrame.
-    ``quick`` shrinks the models and the data, not the tensor count's order.
+    and GPT-2 (from their configs, random weights) each with AdamW state after one step
+    (``models``; the CPU kernel goes without); a list of 2,000,000 small dicts (a dataset as
+    Python objects); a 5,000,000-row DataFrame. ``quick`` shrinks the models and the data,
+    not the tensor count's order.
     """
     import numpy as np
     import pandas as pd
@@ -202,7 +205,7 @@ def lived_in(device: torch.device, quick: bool) -> dict[str, Any]:
     ns: dict[str, Any] = {
         "cached": [torch.randn(64 + 64 * (i % 13), device=device) for i in range(20_000)],
     }
-    for name, model in _three_models(quick).items():
+    for name, model in (_three_models(quick) if models else {}).items():
         model = model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         for p in model.parameters():  # one step's worth of state, without a forward
@@ -335,6 +338,16 @@ class Bench:
         result.summarise()
         return result
 
+    def settle(self) -> list[float]:
+        """Run tiny `%%gpumem` cells until the namespace scan has walked every variable once
+        (it walks a budget of objects per cell); their whole-cell times, in order."""
+        from jupyter_gpumem.namespace_scan import SCAN_BUDGET
+
+        self.shell.user_ns.update(time=time, sync=self.sync)
+        body = BODY.format(steps=1, step="_z = 1")
+        cells = 20_000 // SCAN_BUDGET + 2  # the lived-in kernel's tensor list, a cell a budget
+        return [self._once("%%gpumem --quiet\n" + body)[0] for _ in range(cells)]
+
     def _once(self, source: str) -> tuple[float, float, int]:
         gc.collect()
         self.sync()
@@ -370,13 +383,20 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if cuda else "cpu")
     bench = Bench(device)
     results = []
+    settling: list[float] = []
     kernels = ["fresh", "lived-in"] if args.kernel == "both" else [args.kernel]
     for kernel in kernels:
         if kernel == "lived-in":
             t0 = time.perf_counter()
-            bench.shell.user_ns.update(lived_in(device, args.quick))
+            bench.shell.user_ns.update(lived_in(device, args.quick, models=cuda))
             gc.collect()
             print(f"lived-in kernel filled in {time.perf_counter() - t0:.1f} s", flush=True)
+            settling = bench.settle()
+            print(
+                f"namespace scan settled in {len(settling)} tiny cells, "
+                f"{1e3 * max(settling):.0f} ms at most",
+                flush=True,
+            )
         for cell in cells(args.quick, cpu=not cuda):
             if args.only and cell.name not in args.only:
                 continue
@@ -395,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         "rounds": args.rounds,
         "quick": args.quick,
         "kernel": args.kernel,
+        "settling_whole_s": settling,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 from jupyter_gpumem.tensor_walk import LARGE, Key, Walker, sample
 
-SCAN_BUDGET = 2_000  # objects visited per cell: a few milliseconds
+SCAN_BUDGET = 500  # objects visited per cell: about 3 ms on a 2-core host
 SAY_SAMPLED = 10_000  # a container judged by a sample is named in the notes from this size
 HIDDEN = re.compile(r"^(_+|_\d+|_i+\d*|_[ido]h|In|Out|__\w+__)$")
 

@@ -24,14 +24,36 @@ class BlockState:
     requested_size: int | None = None  # what the allocated block's tensor asked for; None: unknown
 
 
+class AllocatedBlock(NamedTuple):
+    """An allocated block as the analysis of untouched segments reads it."""
+
+    address: int
+    size: int
+    requested_size: int | None
+
+
 @dataclass(frozen=True)
 class SegmentState:
-    """One cudaMalloc'd segment at the start of the interval."""
+    """One cudaMalloc'd segment at the start of the interval.
+
+    ``blocks`` is a tuple, or a view that makes block records only when they are read
+    (a layout from a snapshot of tens of thousands of blocks, most of which no event touches).
+    """
 
     address: int
     total_size: int
     is_small: bool
-    blocks: tuple[BlockState, ...]
+    blocks: Sequence[BlockState]
+
+    def allocated_blocks(self) -> Sequence[AllocatedBlock]:
+        """The allocated blocks, read the cheapest way the layout offers."""
+        if isinstance(self.blocks, tuple):
+            return [
+                AllocatedBlock(b.address, b.size, b.requested_size)
+                for b in self.blocks
+                if b.state == ALLOCATED
+            ]
+        return self.blocks.allocated_blocks()  # type: ignore[attr-defined]
 
 
 class TraceEvent(NamedTuple):

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
-    ALLOCATED,
     BlockState,
     NamedStorage,
     PhaseMark,
@@ -88,11 +87,10 @@ def categorize(
         out[ALLOCATOR_SLACK] += block.size - request
     slack = 0
     for seg in held:  # one tight pass: a kernel holding many tensors has tens of thousands
-        for b in seg.blocks:
-            if b.state == ALLOCATED:
-                request = b.size if b.requested_size is None else min(b.requested_size, b.size)
-                out[standing.get(b.address, "unattributed")] += request
-                slack += b.size - request
+        for address, size, requested in seg.allocated_blocks():
+            request = size if requested is None else min(requested, size)
+            out[standing.get(address, "unattributed")] += request
+            slack += size - request
     out[ALLOCATOR_SLACK] += slack
     return out
 

@@ -21,7 +21,15 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from jupyter_gpumem.records import ALLOCATED, FREE, PENDING, BlockState, SegmentState, TraceEvent
+from jupyter_gpumem.records import (
+    ALLOCATED,
+    FREE,
+    PENDING,
+    AllocatedBlock,
+    BlockState,
+    SegmentState,
+    TraceEvent,
+)
 
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
 SMALL_SEGMENT = 2 << 20  # the small pool's segments are exactly 2 MiB
@@ -179,7 +187,7 @@ class _Mismatch(Exception):
     """The trace disagrees with the model: the replay cannot be exact."""
 
 
-def _requested(block: BlockState) -> int:
+def _requested(block: BlockState | AllocatedBlock) -> int:
     """An allocated block's request; the whole block where the layout did not say."""
     return block.size if block.requested_size is None else block.requested_size
 
@@ -192,7 +200,7 @@ def _with_held(touched: tuple[Live, ...], held: Sequence[SegmentState]) -> tuple
 
 def segment_allocated(seg: SegmentState) -> int:
     """Bytes of the segment's allocated blocks."""
-    return sum(b.size for b in seg.blocks if b.state == ALLOCATED)
+    return sum(b.size for b in seg.allocated_blocks())
 
 
 def touched_segments(segments: Sequence[SegmentState], events: Sequence[TraceEvent]) -> set[int]:
@@ -219,8 +227,7 @@ def live_blocks(segments: Sequence[SegmentState]) -> tuple[Live, ...]:
     return tuple(
         Live(b.address, b.size, _requested(b), -1)
         for seg in segments
-        for b in seg.blocks
-        if b.state == ALLOCATED
+        for b in seg.allocated_blocks()
     )
 
 

@@ -23,11 +23,12 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpumem.records import (
+    AllocatedBlock,
     BlockState,
     DeviceRecording,
     SegmentState,
@@ -95,7 +96,7 @@ class LayoutCache:
     """The allocator's layout as last read, per device, with its activity counters then.
 
     Reading the layout costs in proportion to every block the process holds (16 ms in torch
-    and 39 ms of parsing for 21,700 blocks on an H100 host), however little a cell touches.
+    for 21,700 blocks on an H100 host), however little a cell touches.
     When the counters read now equal those kept with a layout, the allocator has neither
     allocated nor freed since, so that layout is the layout now. A layout taken at a window's
     end is parsed only if a later window starts from it.
@@ -477,11 +478,64 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
             address=int(seg["address"]),
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
-            blocks=tuple(_block(b) for b in seg.get("blocks", ())),
+            blocks=SnapshotBlocks(seg.get("blocks", ())),
         )
         for seg in raw
         if seg.get("device", 0) == device
     )
+
+
+class SnapshotBlocks(Sequence[BlockState]):
+    """A segment's blocks as a snapshot lists them, made into records only when read.
+
+    The replay reads the blocks of the segments a window touches; the rest are summed and
+    categorized from :meth:`allocated_blocks`, which reads the snapshot's entries directly.
+    Pickles as a plain tuple.
+    """
+
+    __slots__ = ("_allocated", "_parsed", "_raw")
+
+    def __init__(self, raw: Sequence[Mapping[str, Any]]) -> None:
+        self._raw = raw
+        self._parsed: tuple[BlockState, ...] | None = None
+        self._allocated: list[AllocatedBlock] | None = None
+
+    def _blocks(self) -> tuple[BlockState, ...]:
+        if self._parsed is None:
+            self._parsed = tuple(_block(b) for b in self._raw)
+        return self._parsed
+
+    def allocated_blocks(self) -> list[AllocatedBlock]:
+        if self._allocated is None:
+            self._allocated = [
+                AllocatedBlock(b["address"], b["size"], b.get("requested_size") or None)
+                for b in self._raw
+                if b["state"] == "active_allocated"
+            ]
+        return self._allocated
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._blocks()[index]
+
+    def __iter__(self) -> Iterator[BlockState]:
+        return iter(self._blocks())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._blocks() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._blocks())
+
+    def __repr__(self) -> str:
+        return f"SnapshotBlocks({len(self)} blocks)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (self._blocks(),))
 
 
 def _block(b: Mapping[str, Any]) -> BlockState:
@@ -501,7 +555,7 @@ def _new_blocks(
     Records only those: in a kernel holding tens of thousands of tensors, making a record of
     every block would cost more than the rest of the analysis.
     """
-    before = {b.address: b.size for seg in start for b in seg.blocks if b.state == "allocated"}
+    before = {b.address: b.size for seg in start for b in seg.allocated_blocks()}
     return tuple(
         _block(b)
         for seg in raw

@@ -27,7 +27,7 @@ MiB = 2**20
 ROWS, TENSORS, WORDS = 300_000, 20_000, 50_000
 LIVED_IN = ("rows", "small_tensors", "model", "opt", "vocab")
 QUIET = "%%gpumem --quiet\n_z = 1"  # a cell that changes nothing the scan summarises
-WARM_UP = 12  # quiet cells: enough for the scan to finish walking small_tensors
+WARM_UP = -(-TENSORS // SCAN_BUDGET) + 2  # quiet cells: enough to finish walking small_tensors
 
 
 def lived_in_state() -> dict[str, Any]:
