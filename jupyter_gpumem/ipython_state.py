@@ -34,6 +34,7 @@ from jupyter_gpumem.analysis import leak_hints as analysis
 from jupyter_gpumem.analysis.leak_hints import Freed, LeakHint
 from jupyter_gpumem.namespace_scan import NamespaceScan, NamespaceView
 from jupyter_gpumem.tensor_walk import Key, Walker
+from jupyter_gpumem.tracking.held_state import HELD
 
 __all__ = [
     "Freed",
@@ -135,7 +136,7 @@ _SCANS: weakref.WeakKeyDictionary[Any, NamespaceScan] = weakref.WeakKeyDictionar
 def _scan(shell: Any) -> NamespaceScan:
     scan = _SCANS.get(shell)
     if scan is None:
-        scan = _SCANS[shell] = NamespaceScan()
+        scan = _SCANS[shell] = NamespaceScan(on_optimizer=HELD.found)
     return scan
 
 

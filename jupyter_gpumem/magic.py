@@ -27,6 +27,7 @@ from jupyter_gpumem.session import Measurement
 from jupyter_gpumem.tracking import devices as cuda_devices
 from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
+from jupyter_gpumem.tracking.held_state import HELD
 
 __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "unload"]
 
@@ -264,6 +265,7 @@ def load(shell: InteractiveShell) -> None:
     shell.input_transformers_post.append(_TRANSFORMS[id(shell)])
     GUARD.install()
     COUNTERS.install()
+    HELD.install()
     shell.events.register("post_run_cell", _install_guard)
     frontend.FRONTEND.ask(shell)
 
@@ -284,11 +286,14 @@ def unload(shell: InteractiveShell) -> None:
     shell.events.unregister("post_run_cell", _install_guard)
     GUARD.uninstall()
     COUNTERS.uninstall()
+    HELD.uninstall()
     frontend.FRONTEND.forget()
 
 
 def _install_guard(result: Any = None) -> None:
-    """Watch the user's history recording as soon as they import torch."""
+    """Watch the user's history recording and optimizers as soon as they import torch."""
     if not GUARD.installed and "torch" in sys.modules:
         GUARD.install()
         COUNTERS.install()
+    if not HELD.installed and "torch" in sys.modules:
+        HELD.install()

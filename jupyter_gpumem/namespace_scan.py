@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +101,11 @@ class _Held:
 class NamespaceScan:
     """Per-variable summaries of a namespace, refreshed within ``budget`` objects per cell."""
 
-    def __init__(self, budget: int = SCAN_BUDGET) -> None:
+    def __init__(
+        self, budget: int = SCAN_BUDGET, on_optimizer: Callable[[Any, str], None] | None = None
+    ) -> None:
         self.budget = budget
+        self.on_optimizer = on_optimizer  # told of each optimizer met inside a variable
         self._summaries: dict[str, Summary] = {}
         self._said: set[tuple[str, str, int]] = set()
         self._held = _Held()
@@ -159,6 +162,9 @@ class NamespaceScan:
         summary.storages.update(walker.storages)
         summary.graphs.extend((w, weakref.ref(t)) for w, t in walker.graph_tensors)
         summary.skipped.extend(walker.skipped)
+        if self.on_optimizer is not None:
+            for where, optimizer in walker.optimizers:
+                self.on_optimizer(optimizer, where)
         return summary, walker.visited
 
     def _scan_sequence(

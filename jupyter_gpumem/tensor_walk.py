@@ -37,6 +37,7 @@ class Walker:
     With ``graphs``, a non-leaf tensor leads on to its autograd graph: the tensors each node
     saved for backward and the nodes after it (graph depth is not limited, only the count).
     ``budget`` caps the objects visited over all walks; past it ``truncated`` is set.
+    The optimizers met inside other objects are listed in ``optimizers``.
     """
 
     def __init__(
@@ -61,6 +62,9 @@ class Walker:
         self.visited = 0  # objects visited, samples of large containers included
         self.truncated = False
         self.skipped: list[tuple[str, int]] = []  # (where, items): large, tensor-free by sample
+        self.optimizers: list[tuple[str, Any]] = []  # (where, optimizer) met on the way
+        optim = getattr(torch, "optim", None)
+        self._optimizer_type = getattr(optim, "Optimizer", None)
         self._stop = set(stop)  # ids of objects never to walk into (the shell, its namespaces)
         self._seen: set[int] = set()
         self._alive: list[object] = []  # visited objects stay alive so ids are not reused
@@ -118,6 +122,8 @@ class Walker:
             else:
                 yield from obj
         else:
+            if self._optimizer_type is not None and isinstance(obj, self._optimizer_type):
+                self.optimizers.append((where, obj))
             try:
                 attrs = object.__getattribute__(obj, "__dict__")
             except (AttributeError, TypeError):

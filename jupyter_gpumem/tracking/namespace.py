@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from jupyter_gpumem.records import NamedStorage
+from jupyter_gpumem.tracking.held_state import HELD
 
 MAX_CONTAINER_ITEMS = 256
 
@@ -133,7 +134,11 @@ def _named(t: Any, name: str, category: str | None) -> NamedStorage | None:
 
 
 def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:
-    """(tensor, name, category) for parameters, buffers, gradients, optimizer state, then plain tensors."""
+    """(tensor, name, category) for parameters, buffers, gradients, optimizer state, then plain tensors.
+
+    Optimizers held outside the namespace's variables (see :mod:`.held_state`) count too,
+    with the parameters they step where no namespace module has them.
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -148,17 +153,33 @@ def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:
         for bname, b in module.named_buffers():
             yield b, f"{mod_name}.{bname}", "parameters"
     for opt_name, opt in optimizers.values():
-        for group in opt.param_groups:
-            for p in group["params"]:
-                pname = param_names.get(id(p), f"{opt_name}.param_groups[..]")
-                if p.grad is not None:
-                    yield p.grad, f"{pname}.grad", "gradients"
-                for key, value in opt.state.get(p, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        yield value, f"{opt_name}.state[{pname}][{key!r}]", "optimizer_state"
+        yield from _optimizer_tensors(opt, opt_name, param_names, torch)
+    for label, opt in HELD.known():
+        if id(opt) not in optimizers:
+            yield from _optimizer_tensors(opt, label, param_names, torch, params=True)
     for name, value in roots(user_ns):
         for path, t in _tensors_in(value, name, torch):
             yield t, path, None
+
+
+def _optimizer_tensors(
+    opt: Any, label: str, param_names: dict[int, str], torch: Any, params: bool = False
+) -> Iterator[tuple[Any, str, str | None]]:
+    """The gradients and state of ``opt``'s parameters (and, with ``params``, the parameters
+    no namespace module named)."""
+    for g, group in enumerate(opt.param_groups):
+        for i, p in enumerate(group["params"]):
+            pname = param_names.get(id(p))
+            if pname is None:
+                pname = f"{label}.param_groups[{g}][{i}]"
+                if params:
+                    param_names[id(p)] = pname
+                    yield p, pname, "parameters"
+            if p.grad is not None:
+                yield p.grad, f"{pname}.grad", "gradients"
+            for key, value in opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    yield value, f"{label}.state[{pname}][{key!r}]", "optimizer_state"
 
 
 def _tensors_in(value: Any, name: str, torch: Any) -> Iterator[tuple[str, Any]]:
