@@ -63,6 +63,7 @@ class Walker:
         self.truncated = False
         self.skipped: list[tuple[str, int]] = []  # (where, items): large, tensor-free by sample
         self.optimizers: list[tuple[str, Any]] = []  # (where, optimizer) met on the way
+        self.on_tensor: Any = None  # called with each tensor met, when set
         optim = getattr(torch, "optim", None)
         self._optimizer_type = getattr(optim, "Optimizer", None)
         self._stop = set(stop)  # ids of objects never to walk into (the shell, its namespaces)
@@ -134,6 +135,8 @@ class Walker:
     def _tensor(self, t: Any, where: str, depth: int) -> Iterator[object]:
         self.tensors += 1
         self._record(t)
+        if self.on_tensor is not None:
+            self.on_tensor(t)
         if t.is_leaf:
             if t.grad is not None:
                 yield t.grad

@@ -22,6 +22,7 @@ ADVICE = {
     "optimizer_state": "a lighter optimizer: SGD with momentum (4 B/param), Adafactor, or 8-bit AdamW",
     "parameters": "keeping the weights in bf16 (pure bf16) or offloading part of the model",
     "gradients": "bf16 gradients, or fusing the optimizer step into backward",
+    "kv_cache": "fewer new tokens or a smaller batch, a quantized or offloaded KV cache",
     "inputs": "a smaller batch or sequence length",
     "temporary": "a smaller batch, or chunking the largest operation",
     "other": "deleting tensors you no longer need (`del x`, `%gpumem free`)",

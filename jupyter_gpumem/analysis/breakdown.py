@@ -23,7 +23,8 @@ from jupyter_gpumem.records import (
 )
 
 CATEGORIES = (
-    "parameters", "gradients", "optimizer_state", "activations", "inputs", "other", "temporary", "unattributed",
+    "parameters", "gradients", "optimizer_state", "kv_cache", "activations", "inputs", "other", "temporary",
+    "unattributed",
     "communication", "allocator_slack",
 )  # fmt: skip
 # A block holds its tensor's request plus the allocator's slack: the rounding up to 512 bytes,
@@ -31,7 +32,9 @@ CATEGORIES = (
 # tensor's category, so fp32 parameters are 4 bytes each whatever the cache's layout was.
 ALLOCATOR_SLACK = "allocator_slack"
 # When a storage carries several tags, the most specific wins.
-_PRIORITY = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "inputs": 3, "activations": 4}
+_PRIORITY = {
+    "parameters": 0, "optimizer_state": 1, "gradients": 2, "kv_cache": 3, "inputs": 4, "activations": 5,
+}  # fmt: skip
 CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
 
 

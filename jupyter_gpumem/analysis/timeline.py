@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-PHASES = ("forward", "backward", "optimizer", "other")
+PHASES = ("forward", "backward", "optimizer", "prefill", "decode", "other")
 
 
 @dataclass(frozen=True)

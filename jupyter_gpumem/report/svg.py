@@ -22,6 +22,8 @@ PHASE_COLORS = {
     "forward": "#59a14f",
     "backward": "#b07aa1",
     "optimizer": "#edc948",
+    "prefill": "#4e79a7",
+    "decode": "#76b7b2",
     "other": "#9c9c9c",
 }
 BAND_OPACITY = 0.18

@@ -173,7 +173,10 @@ class Recorder:
             return
         counted = schedule.boundary(kind)
         if self._detailed:
-            if counted and schedule.window_done():
+            # A decoding cell's peak grows with its cache to the last token: its window stays
+            # open, so the breakdown comes from the window that holds the peak.
+            decoding = self._tagger is not None and self._tagger.decode.decoding
+            if counted and schedule.window_done() and not decoding:
                 if self._tagger is None or self._tagger.can_pause():
                     if self._guarded("light mode", self._go_light) is _FAILED:
                         self._schedule = None

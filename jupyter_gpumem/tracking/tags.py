@@ -7,7 +7,9 @@ happens in between:
 - ``saved_tensors_hooks``: activations saved for backward, and the backward phase;
 - post-accumulate-grad hooks on the parameters of modules the cell calls: gradients
   (what the namespace's models hold is tagged from their names when recording starts);
-- global optimizer step hooks: optimizer state, and the optimizer phase.
+- global optimizer step hooks: optimizer state, and the optimizer phase;
+- root calls without gradients: a KV cache given back or carried out (``kv_cache``), and
+  the ``prefill`` and ``decode`` phases (see :mod:`jupyter_gpumem.tracking.decoding`).
 
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
 paused: ``pause()`` removes every hook and ``resume()`` installs them again.
@@ -41,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_gpumem.records import NamedStorage, PhaseMark, Tag
+from jupyter_gpumem.tracking.decoding import DecodeWatch
 from jupyter_gpumem.tracking.namespace import named_storages
 
 
@@ -63,6 +66,9 @@ class Tagger:
         self._phase = "other"
         self._grad_hooked: set[int] = set()
         self._seen_modules: set[int] = set()
+        self.decode = DecodeWatch(torch)
+        self._root_mark = -1  # index in ``marks`` of the running root call's mark
+        self._fed_back = False  # the running root call was given back its own cache
         # modules called at the top level, by id; weak, so the tagger never keeps a model alive
         self.roots: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         # Called before a root module's forward: ("forward", module, args).
@@ -146,8 +152,14 @@ class Tagger:
         if id(module) not in self._seen_modules:
             self._adopt(module)
         if self._depth == 0:
-            self._mark("forward")
             now = _now_us()
+            self._fed_back = False
+            if not self.torch.is_grad_enabled():
+                self._fed_back, cache = self.decode.before(module, args)
+                for t in cache:
+                    self._tag(t, "kv_cache", now)
+            self._root_mark = len(self.marks)
+            self._mark("forward")
             for value in args:
                 self._tag(value, "inputs", now)
         self._depth += 1
@@ -155,6 +167,15 @@ class Tagger:
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
+            if not self.torch.is_grad_enabled() and 0 <= self._root_mark < len(self.marks):
+                phase, cache = self.decode.after(module, output, self._fed_back)
+                now = _now_us()
+                for t in cache:
+                    self._tag(t, "kv_cache", now)
+                if phase is not None:  # the call's mark says what it was, from its start
+                    began = self.marks[self._root_mark]
+                    step = self.decode.decode_steps if phase == "decode" else 0
+                    self.marks[self._root_mark] = PhaseMark(began.time_us, phase, step)
             self._mark("other")
 
     def _pack(self, t: Any) -> Any:

@@ -1,0 +1,82 @@
+"""Inference has words of its own: a KV cache, prefill and decode, on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+pytest.importorskip("transformers")
+
+SETUP = """
+import torch, transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0)
+model = GPT2LMHeadModel(config).eval()
+ids = torch.randint(1, 100, (4, 8))
+"""
+
+GENERATE = """%%gpumem -o r --quiet
+out = model.generate(ids, max_new_tokens={new}, do_sample=False, pad_token_id=0,
+                     return_dict_in_generate=True{extra})
+"""
+
+
+@pytest.fixture
+def ip(shell: InteractiveShell) -> Iterator[InteractiveShell]:
+    assert shell.run_cell(SETUP).success
+    yield shell
+
+
+def cache_bytes(cache: object) -> tuple[int, int]:
+    """The cache's bytes, and those of its largest tensor."""
+    sizes = [
+        t.untyped_storage().nbytes()
+        for layer in cache.layers  # type: ignore[attr-defined]
+        for t in (layer.keys, layer.values)
+    ]
+    return sum(sizes), max(sizes)
+
+
+def test_a_dynamic_cache_is_kv_cache_and_the_peak_is_a_decode_step(ip: InteractiveShell) -> None:
+    assert ip.run_cell(GENERATE.format(new=100, extra="")).success
+    r = ip.user_ns["r"]
+    total, largest = cache_bytes(ip.user_ns["out"].past_key_values)
+    assert r.peak_phase == "decode" and r.peak_step == 99  # 1 prefill, 99 decode steps
+    # Growing by concatenation, a layer's old keys (or values) live beside the new ones for a
+    # moment: at the peak the cache holds its final bytes plus at most one such copy.
+    assert total <= r.breakdown["kv_cache"] <= total + largest, (r.breakdown, total)
+    assert sum(r.breakdown.values()) == r.peak_allocated_bytes
+    assert r.breakdown["unattributed"] == 0
+    assert r.breakdown["kv_cache"] > r.breakdown["parameters"] / 2  # the line users look for
+
+
+def test_a_static_cache_is_kv_cache_to_the_byte(ip: InteractiveShell) -> None:
+    extra = ', cache_implementation="static"'
+    assert ip.run_cell(GENERATE.format(new=60, extra=extra)).success
+    r = ip.user_ns["r"]
+    total, _ = cache_bytes(ip.user_ns["out"].past_key_values)
+    layers = len(ip.user_ns["out"].past_key_values.layers)
+    extra_bytes = r.breakdown["kv_cache"] - total  # each layer's position counters
+    assert 0 <= extra_bytes <= 64 * layers, (r.breakdown, total)
+    assert r.peak_phase in ("prefill", "decode")
+
+
+def test_the_timeline_has_prefill_and_decode_bands(ip: InteractiveShell) -> None:
+    assert ip.run_cell(GENERATE.format(new=20, extra="")).success
+    r = ip.user_ns["r"]
+    phases = [b.phase for b in r.timeline.bands]
+    assert phases.count("prefill") == 1 and phases.count("decode") >= 1
+    assert phases.index("prefill") < phases.index("decode")
+
+
+def test_a_training_forward_is_not_a_decode_step(ip: InteractiveShell) -> None:
+    cell = (
+        "%%gpumem -o r --quiet\nmodel.train()\nloss = model(ids, labels=ids).loss\nloss.backward()"
+    )
+    assert ip.run_cell(cell).success
+    r = ip.user_ns["r"]
+    assert r.breakdown["kv_cache"] == 0 and r.peak_phase in ("forward", "backward")
