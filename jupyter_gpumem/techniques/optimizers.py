@@ -18,6 +18,7 @@ Known limitations:
 from __future__ import annotations
 
 import importlib
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -160,10 +161,17 @@ def build_optimizer(
     return _optional_class(name)(groups), warnings
 
 
+# Optimizers replaced by a configuration, until it is reverted: their state is the tool's
+# stash, not training state (see jupyter_gpumem.tracking.held_state).
+PARKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+
+
 class ParkedState:
     """The state tensors of an optimizer moved to the CPU in place; ``revert()`` moves them back."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        PARKED.add(optimizer)
         self._moved: list[tuple[torch.Tensor, torch.device]] = []
         for state in optimizer.state.values():
             for value in state.values():
@@ -176,3 +184,6 @@ class ParkedState:
         while self._moved:
             value, device = self._moved.pop()
             value.data = value.data.to(device)
+        optimizer = self._optimizer()
+        if optimizer is not None:
+            PARKED.discard(optimizer)

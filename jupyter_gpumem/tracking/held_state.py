@@ -56,8 +56,11 @@ class HeldOptimizers:
         self._where[optimizer] = f"{where}: {type(optimizer).__name__}"
 
     def known(self) -> Iterator[tuple[str, Any]]:
-        """(label, optimizer) for every live one, in the order they were first seen."""
-        yield from ((where, opt) for opt, where in list(self._where.items()))
+        """(label, optimizer) for every live one, in the order they were first seen; those a
+        tuner configuration replaced (their state parked until it is reverted) are left out."""
+        techniques = sys.modules.get("jupyter_gpumem.techniques.optimizers")
+        parked = getattr(techniques, "PARKED", ())
+        yield from ((where, opt) for opt, where in list(self._where.items()) if opt not in parked)
 
     def clear(self) -> None:
         self._where.clear()

@@ -44,6 +44,8 @@ def table() -> Iterator[dict[str, Any]]:
 def gpt2() -> Iterator[Any]:
     import torch
 
+    if not torch.cuda.is_available():  # module fixtures run before the autouse skip
+        pytest.skip("needs a CUDA device")
     transformers = pytest.importorskip("transformers")
     from jupyter_gpumem.tuner.trial import Trial
 
