@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import types
 from collections import deque
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from itertools import islice
 from typing import Any
 
@@ -49,6 +49,7 @@ class Walker:
         weak: bool = False,
         budget: int | None = None,
         sample_large: bool = False,
+        on_tensor: Callable[[Any], None] | None = None,
     ) -> None:
         self.torch = torch
         self.graphs = graphs
@@ -63,7 +64,7 @@ class Walker:
         self.truncated = False
         self.skipped: list[tuple[str, int]] = []  # (where, items): large, tensor-free by sample
         self.optimizers: list[tuple[str, Any]] = []  # (where, optimizer) met on the way
-        self.on_tensor: Any = None  # called with each tensor met, when set
+        self.on_tensor = on_tensor  # called with each tensor met
         optim = getattr(torch, "optim", None)
         self._optimizer_type = getattr(optim, "Optimizer", None)
         self._stop = set(stop)  # ids of objects never to walk into (the shell, its namespaces)

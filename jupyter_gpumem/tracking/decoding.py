@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from jupyter_gpumem.tensor_walk import Walker
@@ -34,7 +34,7 @@ class DecodeWatch:
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.decode_steps = 0
-        self._returned: dict[int, list[int]] = {}  # root id -> storage address per output leaf
+        self._returned: dict[int, list[weakref.ref[Any]]] = {}  # root id -> its output's leaves
         self._fed_back: dict[int, set[int]] = {}  # root id -> output leaf positions given back
         self._caches: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -47,11 +47,12 @@ class DecodeWatch:
         returned = self._returned.get(id(module))
         if not returned:
             return False, []
-        where = {address: i for i, address in enumerate(returned) if address}
+        # By identity, not address: a freed output's memory may well hold the next input.
+        where = {id(t): i for i, ref in enumerate(returned) if (t := ref()) is not None}
         cache = []
         positions = self._fed_back.setdefault(id(module), set())
         for t in _leaves(args, self.torch):
-            i = where.get(_address(t))
+            i = where.get(id(t))
             if i is not None:
                 positions.add(i)
                 cache.append(t)
@@ -60,7 +61,7 @@ class DecodeWatch:
     def after(self, module: Any, output: Any, fed_back: bool) -> tuple[str | None, list[Any]]:
         """(``prefill``, ``decode`` or None, tensors of the cache) for a root call that ran."""
         leaves = list(_leaves(output, self.torch))
-        self._returned[id(module)] = [_address(t) for t in leaves]
+        self._returned[id(module)] = [weakref.ref(t) for t in leaves]
         positions = self._fed_back.get(id(module), set())
         cache = [t for i, t in enumerate(leaves) if i in positions]
         phase = "decode" if fed_back else None
@@ -96,23 +97,16 @@ def _caches(output: Any) -> Iterator[Any]:
     kind = getattr(cache_utils, "Cache", None)
     if kind is None:
         return
-    values = output.values() if isinstance(output, Mapping) else output
-    if isinstance(values, (tuple, list)) or isinstance(output, Mapping):
-        for value in values:
-            if isinstance(value, kind):
-                yield value
+    if isinstance(output, Mapping):
+        values: Iterable[Any] = output.values()
+    elif isinstance(output, (tuple, list)):
+        values = output
+    else:
+        return
+    yield from (value for value in values if isinstance(value, kind))
 
 
 def _tensors_of(cache: Any, torch: Any) -> list[Any]:
-    walker = Walker(torch, graphs=False, budget=CACHE_BUDGET)
     out: list[Any] = []
-    walker.on_tensor = out.append
-    walker.walk(cache)
+    Walker(torch, graphs=False, budget=CACHE_BUDGET, on_tensor=out.append).walk(cache)
     return out
-
-
-def _address(t: Any) -> int:
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError, TypeError):
-        return 0
