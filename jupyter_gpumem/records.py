@@ -44,6 +44,7 @@ class SegmentState:
     total_size: int
     is_small: bool
     blocks: Sequence[BlockState]
+    private_pool: bool = False  # in a private pool: a CUDA graph's (or a ``torch.cuda.MemPool``)
 
     def allocated_blocks(self) -> Sequence[AllocatedBlock]:
         """The allocated blocks, read the cheapest way the layout offers."""
@@ -68,6 +69,7 @@ class TraceEvent(NamedTuple):
     size: int  # requested bytes for alloc/free, segment bytes for segment actions
     time_us: int = 0
     frames: Sequence[Mapping[str, Any]] = ()  # {filename, line, name}, innermost first
+    stream: int = 0  # the CUDA stream it was allocated on; 0: the default stream
 
 
 # Who asked for an allocation: the innermost frame of its stack that is not plumbing. torch's
@@ -149,6 +151,8 @@ class TraceWindow:
     last_step: int | None  # the step it ended before; None if it lasted to the end of the cell
     problem: str | None = None  # why the window's trace cannot be used; None when it can
     started_us: int = 0  # unix microseconds, the clock of the trace and of the tags
+    # (address, size) of the segments in private pools at the window's start or end
+    private_pools: tuple[tuple[int, int], ...] = ()
     # The analysis' digest of the window (its replay), made when the window closed mid-cell:
     # a GPU-bound loop is then still running queued kernels, so it costs the user nothing.
     replayed: Any = field(default=None, compare=False, repr=False)
@@ -164,6 +168,13 @@ class StepSample:
     reserved: int
     peak_allocated: int  # highest since the previous sample
     peak_reserved: int
+
+
+class Workspace(NamedTuple):
+    """A buffer a library allocates once and keeps, told by the size it asks for."""
+
+    name: str  # "cuBLAS workspace"
+    requested: int  # bytes
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,7 @@ class DeviceRecording:
     # After a light stretch: the blocks allocated at the end that the first window's start
     # layout did not hold (the ones the cell may have left alive). None: not read.
     end_blocks: tuple[BlockState, ...] | None = None
+    workspaces: tuple[Workspace, ...] = ()  # the library buffers this device's allocator may hold
 
     @property
     def segments_before(self) -> tuple[SegmentState, ...]:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jupyter_gpumem.analysis.breakdown import (
     CUDA_CLOCK_SLACK_US,
+    NO_LIBRARY,
     TensorRecord,
     categorize,
     peak_phase,
     tensor_records,
 )
+from jupyter_gpumem.analysis.library_memory import LibraryMemory, Residue
 from jupyter_gpumem.analysis.peaks import DevicePeaks
 from jupyter_gpumem.analysis.replay import Live, Replay
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
@@ -27,6 +29,8 @@ ADVICE = {
     "temporary": "a smaller batch, or chunking the largest operation",
     "other": "deleting tensors you no longer need (`del x`, `%gpumem free`)",
     "unattributed": "torch.cuda.empty_cache() and checking libraries that keep workspaces",
+    "library_workspace": "CUBLAS_WORKSPACE_CONFIG=:4096:1 for a smaller cuBLAS workspace, fewer side streams",
+    "cuda_graph_pool": 'torch.compile(mode="max-autotune-no-cudagraphs"), or fewer distinct input shapes',
     "communication": "smaller DDP buckets (bucket_cap_mb) or FSDP resharding after forward",
     "allocator_slack": (
         "torch.cuda.empty_cache() before the cell, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
@@ -55,6 +59,7 @@ class Attribution:
     timeline: Timeline
     tensors: tuple[TensorRecord, ...]
     oom: OomInfo | None
+    residue: Residue = field(default_factory=Residue)  # at the peak: library buffers, why unattributed
 
 
 def attribute(
@@ -71,6 +76,7 @@ def attribute(
     top: int = 10,
     drawn: Timeline | None = None,
     listed: tuple[TensorRecord, ...] | None = None,
+    library: LibraryMemory = NO_LIBRARY,
 ) -> Attribution:
     """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM.
 
@@ -80,13 +86,23 @@ def attribute(
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
 
-    def categories(touched: Sequence[Live]) -> dict[str, int]:
+    def categories(touched: Sequence[Live], residue: Residue | None = None) -> dict[str, int]:
         """The breakdown of ``touched`` and of the blocks of segments no event touched."""
         return categorize(
-            touched, events, tags, start_blocks, on_device, clock_slack_us=slack, held=replay.held
+            touched,
+            events,
+            tags,
+            start_blocks,
+            on_device,
+            clock_slack_us=slack,
+            held=replay.held,
+            library=library,
+            residue=residue,
+            cell=cell,
         )
 
-    breakdown = categories(replay.touched_at_peak)
+    residue = Residue()
+    breakdown = categories(replay.touched_at_peak, residue)
     peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
     phase, step = peak_phase(marks, peak_us)
     oom = None
@@ -112,6 +128,7 @@ def attribute(
         if listed is not None
         else tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
         oom=oom,
+        residue=residue,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from jupyter_gpumem.analysis.library_memory import LibraryMemory, Residue, category_of, why_unattributed
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
     BlockState,
@@ -24,7 +25,7 @@ from jupyter_gpumem.records import (
 
 CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "kv_cache", "activations", "inputs", "other", "temporary",
-    "unattributed",
+    "unattributed", "library_workspace", "cuda_graph_pool",
     "communication", "allocator_slack",
 )  # fmt: skip
 # A block holds its tensor's request plus the allocator's slack: the rounding up to 512 bytes,
@@ -35,6 +36,7 @@ ALLOCATOR_SLACK = "allocator_slack"
 _PRIORITY = {
     "parameters": 0, "optimizer_state": 1, "gradients": 2, "kv_cache": 3, "inputs": 4, "activations": 5,
 }  # fmt: skip
+NO_LIBRARY = LibraryMemory()
 CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
 
 
@@ -63,6 +65,9 @@ def categorize(
     *,
     clock_slack_us: int = 0,
     held: Sequence[SegmentState] = (),
+    library: LibraryMemory = NO_LIBRARY,
+    residue: Residue | None = None,
+    cell: tuple[str, int] | None = None,
 ) -> dict[str, int]:
     """Bytes per category for ``blocks`` and the allocated blocks of ``held`` (segments no
     event touched); the values sum to the blocks' total, exactly.
@@ -72,6 +77,9 @@ def categorize(
     A tag names a storage at an address, at a time: it belongs to the storage of that
     address, and of the tag's size, whose life (allocation to free) is nearest the tag's
     time, within ``clock_slack_us`` where the events and tags use different clocks.
+    A block nothing claims is a library's buffer where ``library`` knows it, else
+    unattributed; ``residue`` (when given) collects the buffers' names and why the
+    unattributed bytes are so.
     """
     by_address: dict[int, list[Tag]] = {}
     for tag in sorted(tags, key=lambda t: t.time_us):
@@ -80,19 +88,33 @@ def categorize(
     lives = storage_lives(events, start_blocks, {b.address for b in blocks} & touched)
     standing = _standing(by_address, named)
     out = dict.fromkeys(CATEGORIES, 0)
+
+    def unclaimed(address: int, request: int, origin: TraceEvent | None) -> str:
+        name = library.name(address, request)
+        if name is not None:
+            if residue is not None:
+                residue.add_library(name, request)
+            return category_of(name)
+        if residue is not None:
+            residue.add_unattributed(why_unattributed(origin, cell), request)
+        return "unattributed"
+
     for block in blocks:
+        request = min(block.requested_size, block.size)
         if block.event_index < 0 and block.address not in touched:
-            category = standing.get(block.address, "unattributed")
+            category = standing.get(block.address) or unclaimed(block.address, request, None)
         else:
             category = _category(block, events, by_address, lives, named, clock_slack_us)
-        request = min(block.requested_size, block.size)
+            if category == "unattributed":
+                origin = events[block.event_index] if block.event_index >= 0 else None
+                category = unclaimed(block.address, request, origin)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
     slack = 0
     for seg in held:  # one tight pass: a kernel holding many tensors has tens of thousands
         for address, size, requested in seg.allocated_blocks():
             request = size if requested is None else min(requested, size)
-            out[standing.get(address, "unattributed")] += request
+            out[standing.get(address) or unclaimed(address, request, None)] += request
             slack += size - request
     out[ALLOCATOR_SLACK] += slack
     return out

@@ -10,10 +10,12 @@ from typing import Any
 from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
 from jupyter_gpumem.analysis.leak_hints import LeakHint
+from jupyter_gpumem.analysis.library_memory import LibraryMemory
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay_exact
 from jupyter_gpumem.records import CellRecording, DeviceRecording, TraceEvent
 from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report, main_device, status_of
+from jupyter_gpumem.units import format_bytes
 
 
 def build_report(
@@ -49,6 +51,8 @@ def build_report(
         found = None
         if peaks.replay is not None and peaks.window is not None:
             found = _device_attribution(rec, drec, peaks, cell, top)
+            if rec.tags:
+                notes += (f"cuda:{index}: {n}" for n in residue_notes(found, peaks.peak_allocated))
         devices.append(
             DeviceReport(
                 device=f"cuda:{index}",
@@ -146,18 +150,48 @@ def _device_attribution(
         top=top,
         drawn=None if whole else cell_timeline(peaks, drec.samples, rec.marks, started_us),
         listed=listed,
+        library=LibraryMemory(drec.workspaces, window.private_pools),
     )
     if whole:
         return found
     breakdown = dict(found.breakdown)
     missing = peaks.peak_allocated - peaks.replay.peak_allocated
     breakdown["unattributed"] = breakdown.get("unattributed", 0) + missing
+    if missing:
+        found.residue.add_unattributed(BETWEEN_WINDOWS, missing)
     return replace(
         found,
         breakdown=breakdown,
         peak_phase=found.peak_phase if missing == 0 else None,
         peak_step=found.peak_step if missing == 0 else peaks.peak_step,
     )
+
+
+UNATTRIBUTED_NOTE_SHARE = 0.02  # above this share of the peak, say why bytes are unattributed
+BETWEEN_WINDOWS = "the peak came between the detailed steps, where blocks are not followed"
+
+
+def residue_notes(found: Attribution, peak: int) -> list[str]:
+    """What the library buffers at the peak are, and, when the unattributed bytes are more
+    than 2% of the peak, what kind of allocations they are."""
+    out = []
+    library = found.residue.library
+    if library:
+        parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in _largest(library))
+        out.append(f"library buffers at the peak: {parts}")
+    unattributed = found.breakdown.get("unattributed", 0) if found.breakdown else 0
+    if peak > 0 and unattributed > UNATTRIBUTED_NOTE_SHARE * peak:
+        why = found.residue.unattributed
+        parts = "; ".join(f"{format_bytes(n)} {reason}" for reason, n in _largest(why))
+        out.append(
+            f"{format_bytes(unattributed)} unattributed ({unattributed / peak:.1%} of the peak)"
+            + (f": {parts}" if parts else "")
+        )
+    return out
+
+
+def _largest(amounts: Mapping[str, int]) -> list[tuple[str, int]]:
+    return sorted(((k, v) for k, v in amounts.items() if v), key=lambda item: -item[1])
 
 
 def _cpu_device(

@@ -37,6 +37,7 @@ from jupyter_gpumem.records import (
     TraceWindow,
 )
 from jupyter_gpumem.tracking.counters import COUNTERS, Interval
+from jupyter_gpumem.tracking.workspaces import workspaces
 
 MAX_ENTRIES = 2_000_000
 _STATES = {"active_allocated": "allocated", "active_awaiting_free": "pending", "inactive": "free"}
@@ -340,6 +341,9 @@ class CudaSession:
                     last_step=last_step,
                     problem=problem,
                     started_us=start.started_us,
+                    private_pools=_private_pools(
+                        snapshot.get("segments", ()), d, start.segments
+                    ),
                 )
             )
             if last_step is not None and problem is None and self.digest is not None:
@@ -415,6 +419,7 @@ class CudaSession:
                 cell_peak_reserved=cell_peak[1],
                 trace_problem=problem,
                 end_blocks=end_blocks.get(d),
+                workspaces=workspaces(torch, d),
             )
         return recordings
 
@@ -479,10 +484,29 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
             blocks=SnapshotBlocks(seg.get("blocks", ())),
+            private_pool=_in_private_pool(seg),
         )
         for seg in raw
         if seg.get("device", 0) == device
     )
+
+
+def _in_private_pool(seg: Mapping[str, Any]) -> bool:
+    """Whether a snapshot's segment belongs to a private pool (a CUDA graph's, a ``MemPool``)."""
+    return tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0)
+
+
+def _private_pools(
+    raw: Sequence[Mapping[str, Any]], device: int, start: Sequence[SegmentState]
+) -> tuple[tuple[int, int], ...]:
+    """(address, size) of the private pools' segments at a window's start and in ``raw``."""
+    ranges = {(s.address, s.total_size) for s in start if s.private_pool}
+    ranges.update(
+        (int(seg["address"]), int(seg["total_size"]))
+        for seg in raw
+        if seg.get("device", 0) == device and _in_private_pool(seg)
+    )
+    return tuple(sorted(ranges))
 
 
 class SnapshotBlocks(Sequence[BlockState]):
@@ -576,6 +600,7 @@ def _events(entries: Sequence[Mapping[str, Any]]) -> tuple[TraceEvent, ...]:
                 e.get("size", 0),
                 e.get("time_us", 0),
                 e.get("frames", ()),
+                e.get("stream") or 0,
             )
             for e in entries
         ]
