@@ -22,7 +22,9 @@ from jupyter_gpumem.report.text import render_text
 from jupyter_gpumem.units import format_bytes
 
 MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
-SCHEMA = 1
+# 2: the breakdown's kv_cache, library_workspace and cuda_graph_pool, the prefill and decode
+# phases. Front ends read schema 1 as well (the same shape, without those names).
+SCHEMA = 2
 # Recorded in `Report.notes` when torch sees no CUDA device; `shown_notes` words it for what the
 # report holds (CPU tensor memory stands in for the GPU where it was recorded).
 NO_CUDA = "No CUDA device is present: the cell ran unchanged and no GPU memory was measured."
@@ -49,7 +51,7 @@ class DeviceReport:
     )  # nvml_process_bytes - reserved: CUDA context, cuBLAS, other libraries
     source: str  # "allocator-trace" or "counters"
     breakdown: dict[str, int] | None = None  # sums to peak_allocated_bytes
-    peak_phase: str | None = None  # forward, backward, optimizer or other
+    peak_phase: str | None = None  # forward, backward, optimizer, prefill, decode or other
     peak_step: int | None = None  # loop iteration of the peak, 0-based
     timeline: Timeline | None = None
     tensors: tuple[TensorRecord, ...] = ()

@@ -32,17 +32,20 @@ __all__ = [
 
 Row = Mapping[str, Any]
 
-# The report's categories in the sidebar's order (labextension renderer.tsx CATEGORY_LABELS).
+# The report's categories in the sidebar's order (labextension categories.ts CATEGORIES).
 CATEGORY_COLORS = {
     "parameters": "#4e79a7",
     "gradients": "#f28e2b",
     "optimizer_state": "#e15759",
     "optimizer_scratch": "#ff9d9a",
+    "kv_cache": "#d37295",
     "activations": "#59a14f",
     "inputs": "#76b7b2",
     "other": "#b07aa1",
     "temporary": "#edc948",
     "unattributed": "#9c755f",
+    "library_workspace": "#b6992d",
+    "cuda_graph_pool": "#a0cbe8",
     "cache": "#bab0ac",
     "cuda_context": "#79706e",
     "allocator_slack": "#d4a6c8",

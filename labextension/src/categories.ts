@@ -1,41 +1,63 @@
 /**
- * The breakdown categories and training phases of a report: their display
+ * The breakdown categories and the timeline phases of a report: their display
  * names and their colours (`jp-GpuMem-seg-N` classes in style/base.css), shared
  * by the breakdown bar, the out-of-memory section and the timeline's bands.
  */
 import { ISegment } from './charts';
 
-/** Display order and names of the breakdown categories; unknown ones follow. */
-export const CATEGORY_LABELS: ReadonlyArray<[string, string]> = [
-  ['parameters', 'Parameters'],
-  ['gradients', 'Gradients'],
-  ['optimizer_state', 'Optimizer state'],
-  ['optimizer_scratch', 'Optimizer scratch'],
-  ['activations', 'Activations'],
-  ['inputs', 'Inputs'],
-  ['other', 'Other live tensors'],
-  ['temporary', 'Temporaries'],
-  ['unattributed', 'Unattributed blocks'],
-  ['cache', 'Allocator cache'],
-  ['cuda_context', 'CUDA context'],
-  ['allocator_slack', 'Allocator slack'],
-  ['communication', 'Communication buffers']
+/** A breakdown category (or a phase): its wire name, display name and colour. */
+export interface ICategory {
+  key: string;
+  label: string;
+  /** The `jp-GpuMem-seg-N` class index. */
+  color: number;
+}
+
+/** Colour index of categories (and phases) this extension does not know: a neutral grey. */
+export const UNKNOWN_COLOR = 13;
+
+/**
+ * The breakdown categories in display order; unknown ones follow. A colour index,
+ * once given, stays with its category (old screenshots keep their meaning), so the
+ * categories of report schema 2 (KV cache, library workspaces, CUDA graph pool) have
+ * indices after UNKNOWN_COLOR.
+ */
+export const CATEGORIES: ReadonlyArray<ICategory> = [
+  { key: 'parameters', label: 'Parameters', color: 0 },
+  { key: 'gradients', label: 'Gradients', color: 1 },
+  { key: 'optimizer_state', label: 'Optimizer state', color: 2 },
+  { key: 'optimizer_scratch', label: 'Optimizer scratch', color: 3 },
+  { key: 'kv_cache', label: 'KV cache', color: 14 },
+  { key: 'activations', label: 'Activations', color: 4 },
+  { key: 'inputs', label: 'Inputs', color: 5 },
+  { key: 'other', label: 'Other live tensors', color: 6 },
+  { key: 'temporary', label: 'Temporaries', color: 7 },
+  { key: 'unattributed', label: 'Unattributed blocks', color: 8 },
+  { key: 'library_workspace', label: 'Library workspaces', color: 15 },
+  { key: 'cuda_graph_pool', label: 'CUDA graph pool', color: 16 },
+  { key: 'cache', label: 'Allocator cache', color: 9 },
+  { key: 'cuda_context', label: 'CUDA context', color: 10 },
+  { key: 'allocator_slack', label: 'Allocator slack', color: 11 },
+  { key: 'communication', label: 'Communication buffers', color: 12 }
 ];
 
-const LABELS = new Map(CATEGORY_LABELS);
-const ORDER = CATEGORY_LABELS.map(([key]) => key);
+/** Display order and names of the breakdown categories. */
+export const CATEGORY_LABELS: ReadonlyArray<[string, string]> = CATEGORIES.map(c => [
+  c.key,
+  c.label
+]);
 
-/** Colour index of categories (and phases) this extension does not know. */
-export const UNKNOWN_COLOR = 13;
+const BY_KEY = new Map(CATEGORIES.map(c => [c.key, c]));
+const ORDER = CATEGORIES.map(c => c.key);
 
 /** `"optimizer_state"` -> `"Optimizer state"`; unknown keys lose their underscores. */
 export function categoryLabel(key: string): string {
-  return LABELS.get(key) ?? key.replace(/_/g, ' ');
+  return BY_KEY.get(key)?.label ?? key.replace(/_/g, ' ');
 }
 
 /** The `jp-GpuMem-seg-N` index of a category: fixed, whichever others are present. */
 export function categoryColor(key: string): number {
-  return LABELS.has(key) ? ORDER.indexOf(key) : UNKNOWN_COLOR;
+  return BY_KEY.get(key)?.color ?? UNKNOWN_COLOR;
 }
 
 /**
@@ -46,7 +68,7 @@ export function breakdownSegments(breakdown: Record<string, number>): ISegment[]
   const keys = [
     ...ORDER.filter(key => key in breakdown),
     ...Object.keys(breakdown)
-      .filter(key => !LABELS.has(key))
+      .filter(key => !BY_KEY.has(key))
       .sort()
   ].filter(key => breakdown[key] !== 0);
   return keys.map(key => ({
@@ -58,18 +80,21 @@ export function breakdownSegments(breakdown: Record<string, number>): ISegment[]
 }
 
 /**
- * The training phases of the timeline, each coloured as the category it mostly
- * allocates: the forward pass makes activations, the backward pass gradients,
- * the optimizer step its state.
+ * The phases of the timeline, each coloured as the category it mostly allocates:
+ * the forward pass makes activations, the backward pass gradients, the optimizer
+ * step its state, and a decode step grows the KV cache. Prefill, the pass over the
+ * prompt, takes the colour of inputs (its activations would be forward's green).
  */
-export const PHASES: ReadonlyArray<{ key: string; label: string; color: number }> = [
+export const PHASES: ReadonlyArray<ICategory> = [
   { key: 'forward', label: 'Forward', color: categoryColor('activations') },
   { key: 'backward', label: 'Backward', color: categoryColor('gradients') },
   { key: 'optimizer', label: 'Optimizer', color: categoryColor('optimizer_state') },
+  { key: 'prefill', label: 'Prefill', color: categoryColor('inputs') },
+  { key: 'decode', label: 'Decode', color: categoryColor('kv_cache') },
   { key: 'other', label: 'Other', color: UNKNOWN_COLOR }
 ];
 
 /** The phase entry of a band's phase; unknown phases count as "other". */
-export function phaseOf(phase: string): { key: string; label: string; color: number } {
+export function phaseOf(phase: string): ICategory {
   return PHASES.find(p => p.key === phase) ?? PHASES[PHASES.length - 1];
 }

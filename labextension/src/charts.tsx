@@ -1,7 +1,8 @@
 /**
  * Small presentational pieces shared by the sidebar and the report renderer:
  * a gauge, a sparkline and a stacked bar. SVG and CSS only; every colour comes
- * from a `--jp-*` theme variable (see style/base.css).
+ * from a `--jp-*` theme variable, or from a class with a light and a dark value
+ * (see style/base.css).
  */
 import * as React from 'react';
 
@@ -133,7 +134,7 @@ export interface ISegment {
   key: string;
   label: string;
   bytes: number;
-  /** Colour class `jp-GpuMem-seg-N` (0-13); the position in the list when absent. */
+  /** Colour class `jp-GpuMem-seg-N` (0-16, categories.ts); the position (0-13) when absent. */
   color?: number;
 }
 

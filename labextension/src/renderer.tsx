@@ -13,7 +13,7 @@ import { LargestFreed, LeakHints, OomSection, TensorTable } from './findings';
 import { formatBytes, formatSeconds, unitPreference, Units } from './format';
 import { RankSection } from './ranks';
 import { TimelineChart } from './timeline';
-import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE } from './types';
+import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE, REPORT_SCHEMAS } from './types';
 
 export { breakdownSegments, CATEGORY_LABELS } from './categories';
 
@@ -166,12 +166,29 @@ export function budgetWarning(
   ];
 }
 
+/** A warning when the report's schema is newer than this extension reads. */
+export function schemaWarning(report: IReport): string[] {
+  const newest = Math.max(...REPORT_SCHEMAS);
+  if (report.schema === undefined || report.schema <= newest) {
+    return [];
+  }
+  return [
+    `this report has schema ${report.schema}, newer than this extension reads ` +
+      `(${REPORT_SCHEMAS.join(' and ')}): names it does not know show plainly; ` +
+      'update jupyter-gpumem where JupyterLab runs'
+  ];
+}
+
 /** The report as shown under a cell. */
 export function ReportView(props: { report: IReport; units: Units }): JSX.Element {
   const { report, units } = props;
   const main = mainDevice(report);
   const overBudget = report.over_budget === true;
-  const warnings = [...budgetWarning(report, main, units), ...report.warnings];
+  const warnings = [
+    ...budgetWarning(report, main, units),
+    ...report.warnings,
+    ...schemaWarning(report)
+  ];
   return (
     <div className="jp-GpuMem-reportView">
       <div className="jp-GpuMem-reportHeader">

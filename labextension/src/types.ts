@@ -1,9 +1,10 @@
 /**
  * The wire formats, mirrored from the Python side:
  * - the live view (`jupyter_gpumem/server/records.py`, `tests/fixtures/sample.json`);
- * - the `%%gpumem` report mime bundle (`jupyter_gpumem/report.py` `Report.to_dict()`;
+ * - the `%%gpumem` report mime bundle (`jupyter_gpumem/report/record.py` `Report.to_dict()`;
  *   `tests/fixtures/report.json`, and `tests/fixtures/report_gpu_training_step.json`
- *   recorded on a GPU with the timeline, tensors and leak hints).
+ *   recorded on a GPU with the timeline, tensors and leak hints, both schema 1;
+ *   `tests/fixtures/report_gpu_generate.json`, schema 2, a `generate` call).
  *
  * Bytes are integers, seconds floats, and an unknown value is `null` (never 0).
  * The parse functions check the shape once at the boundary so that the UI can
@@ -12,6 +13,14 @@
 
 /** Mime type of the `%%gpumem` report's JSON output. */
 export const REPORT_MIME_TYPE = 'application/vnd.jupyter-gpumem.report+json';
+
+/**
+ * The report schemas this extension reads (`SCHEMA` in `report/record.py`). Schema 2 has
+ * the same shape as 1 and more names: the kv_cache, library_workspace and cuda_graph_pool
+ * categories and the prefill and decode phases. A newer schema is read all the same
+ * (unknown names show plainly) and the report says so (`schemaWarning`).
+ */
+export const REPORT_SCHEMAS: ReadonlyArray<number> = [1, 2];
 
 /** `GET /jupyter-gpumem/api/health` */
 export interface IHealth {
@@ -95,7 +104,7 @@ export interface IPhaseBand {
   /** Seconds since the cell started. */
   start_s: number;
   end_s: number;
-  /** forward, backward, optimizer or other. */
+  /** forward, backward, optimizer, prefill, decode or other. */
   phase: string;
   /** 0-based iteration of the training loop. */
   step: number | null;
@@ -176,6 +185,7 @@ export interface IReportDevice {
 
 /** The `%%gpumem` report (`application/vnd.jupyter-gpumem.report+json`). */
 export interface IReport {
+  /** The wire format's version (`REPORT_SCHEMAS`); absent in the earliest reports. */
   schema?: number;
   id?: string;
   name: string | null;
@@ -484,11 +494,25 @@ function parseReportDevice(value: unknown, path: string): IReportDevice {
   };
 }
 
+function parseSchema(value: unknown): number | undefined {
+  const n = optNum(value, '.schema');
+  if (n === null) {
+    return undefined;
+  }
+  if (!Number.isInteger(n) || n < 1) {
+    throw new WireFormatError(
+      `expected a schema number (${REPORT_SCHEMAS.join(', ')}, ...)`,
+      '.schema'
+    );
+  }
+  return n;
+}
+
 /** Parse a report mime bundle's JSON; throws WireFormatError on a wrong shape. */
 export function parseReport(value: unknown): IReport {
   const o = object(value, '');
   return {
-    schema: optNum(o.schema, '.schema') ?? undefined,
+    schema: parseSchema(o.schema),
     id: optStr(o.id, '.id') ?? undefined,
     name: optStr(o.name, '.name'),
     execution_count: optNum(o.execution_count, '.execution_count'),

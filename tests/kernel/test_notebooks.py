@@ -11,7 +11,7 @@ from nbconvert import HTMLExporter
 
 from jupyter_gpumem.__main__ import main
 from jupyter_gpumem.frontend import WIDGET_VIEW
-from jupyter_gpumem.report.record import MIME_TYPE
+from jupyter_gpumem.report.record import MIME_TYPE, SCHEMA
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -38,7 +38,7 @@ def test_notebook_executes_and_reports(
         for o in c.get("outputs", [])
         if MIME_TYPE in o.get("data", {})
     ]
-    assert reports and all(r["schema"] == 1 for r in reports)
+    assert reports and all(r["schema"] == SCHEMA for r in reports)
     assert "report(s) from" in capsys.readouterr().out
     # One timeline per report: no front end answered, so no widget view beside the HTML's SVG.
     bundles = [o.get("data", {}) for c in executed.cells for o in c.get("outputs", [])]

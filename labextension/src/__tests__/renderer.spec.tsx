@@ -5,7 +5,8 @@ import {
   budgetWarning,
   mainDevice,
   rendererFactory,
-  ReportView
+  ReportView,
+  schemaWarning
 } from '../renderer';
 import { parseReport, REPORT_MIME_TYPE } from '../types';
 import { fixture, HOSTILE, render } from './helpers';
@@ -194,6 +195,50 @@ describe('ReportView with the timeline, tensors, OOM and leak hints', () => {
       expect(td.getAttribute('title')).toBe(HOSTILE);
     }
     expect(host.querySelector('.jp-GpuMem-leakMessage')?.textContent).toContain(HOSTILE);
+  });
+});
+
+describe('ReportView across report schemas', () => {
+  it('shows a schema 2 generate call: a KV cache segment, prefill and decode bands', () => {
+    const report = parseReport(fixture('report_gpu_generate.json'));
+    expect(report.schema).toBe(2);
+    const host = render(<ReportView report={report} units="GiB" />);
+    const kv = host.querySelector('.jp-GpuMem-stackedBar .jp-GpuMem-seg-14');
+    expect(kv).not.toBeNull();
+    expect(kv?.getAttribute('title')).toMatch(/^KV cache: /);
+    expect(host.querySelector('.jp-GpuMem-breakdown')?.textContent).toContain('KV cache');
+    const legend = host.querySelector('.jp-GpuMem-timelineLegend')?.textContent ?? '';
+    expect(legend).toContain('Prefill');
+    expect(legend).toContain('Decode');
+    expect(host.querySelector('.jp-GpuMem-messages.jp-mod-warning')).toBeNull();
+  });
+
+  it('still shows schema 1 reports, without a schema warning', () => {
+    for (const name of ['report.json', 'report_gpu_training_step.json']) {
+      const report = parseReport(fixture(name));
+      expect(report.schema).toBe(1);
+      const host = render(<ReportView report={report} units="GiB" />);
+      expect(host.querySelectorAll('.jp-GpuMem-stackedBar .jp-GpuMem-seg').length).toBeGreaterThan(
+        0
+      );
+      expect(host.textContent).not.toContain('schema');
+    }
+  });
+
+  it('says when a report is newer than this extension reads, and shows it all the same', () => {
+    const raw = fixture('report_gpu_generate.json');
+    raw.schema = 3;
+    raw.devices[0].breakdown.tensor_parallel_shards = 1024;
+    const report = parseReport(raw);
+    expect(schemaWarning(report)).toHaveLength(1);
+    expect(schemaWarning(parseReport(fixture('report.json')))).toEqual([]);
+    const host = render(<ReportView report={report} units="GiB" />);
+    expect(host.querySelector('.jp-GpuMem-messages.jp-mod-warning')?.textContent).toContain(
+      'this report has schema 3, newer than this extension reads (1 and 2)'
+    );
+    expect(host.querySelector('.jp-GpuMem-breakdown')?.textContent).toContain(
+      'tensor parallel shards'
+    );
   });
 });
 

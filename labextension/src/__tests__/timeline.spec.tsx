@@ -14,6 +14,8 @@ import { fixture, render } from './helpers';
 const GPU = 'report_gpu_training_step.json';
 /** Recorded on the CPU, where reserved memory is allocated memory (the same series). */
 const CPU = 'report_cpu_training_step.json';
+/** Report schema 2: a `generate` call, one prefill band and a decode band per new token. */
+const GENERATE = 'report_gpu_generate.json';
 
 function timelineOf(name: string): ITimeline {
   const timeline = parseReport(fixture(name)).devices[0].timeline;
@@ -128,6 +130,27 @@ describe('TimelineChart', () => {
     expect(host.querySelector('.jp-GpuMem-timelineLegend')?.textContent).toBe(
       'AllocatedForwardBackwardOptimizer'
     );
+  });
+
+  it('draws and lists the prefill and decode bands of a generate call', () => {
+    const timeline = timelineOf(GENERATE);
+    const host = render(<TimelineChart timeline={timeline} units="GiB" label="cell" />);
+    const bands = Array.from(host.querySelectorAll('rect.jp-GpuMem-band'));
+    expect(bands).toHaveLength(timeline.bands.length);
+    const prefill = bands.filter(b => b.getAttribute('data-phase') === 'prefill');
+    const decode = bands.filter(b => b.getAttribute('data-phase') === 'decode');
+    expect(prefill).toHaveLength(1);
+    expect(decode).toHaveLength(bands.length - 1);
+    // Prefill in the colour of inputs, decode in the colour of the KV cache it grows.
+    expect(prefill[0].getAttribute('class')).toContain('jp-GpuMem-seg-5');
+    expect(decode[0].getAttribute('class')).toContain('jp-GpuMem-seg-14');
+    const legend = host.querySelector('.jp-GpuMem-timelineLegend')!;
+    expect(legend.textContent).toBe('AllocatedPrefillDecode');
+    const swatches = Array.from(legend.querySelectorAll('.jp-GpuMem-bandSwatch'));
+    expect(swatches.map(s => s.getAttribute('class'))).toEqual([
+      'jp-GpuMem-swatch jp-GpuMem-bandSwatch jp-GpuMem-seg-5',
+      'jp-GpuMem-swatch jp-GpuMem-bandSwatch jp-GpuMem-seg-14'
+    ]);
   });
 
   it('puts the peak label in its own row above the plot, with a leader down to the point', () => {

@@ -4,6 +4,7 @@ import {
   parseKernelProcesses,
   parseReport,
   parseSample,
+  REPORT_SCHEMAS,
   WireFormatError
 } from '../types';
 import { fixture } from './helpers';
@@ -193,6 +194,32 @@ describe('parseReport', () => {
     expect(device.breakdown).toBeNull();
     expect(device.peak_phase).toBeNull();
     expect(device.cache_bytes).toBeNull();
+  });
+
+  it('reads schema 2: a generate call with its KV cache, prefill and decode', () => {
+    const report = parseReport(fixture('report_gpu_generate.json'));
+    expect(report.schema).toBe(2);
+    expect(report.name).toBe('generate');
+    const device = report.devices[0];
+    expect(device.breakdown?.kv_cache).toBeGreaterThan(0);
+    expect(device.breakdown).toHaveProperty('library_workspace');
+    expect(device.breakdown).toHaveProperty('cuda_graph_pool');
+    expect(['prefill', 'decode']).toContain(device.peak_phase);
+    const phases = device.timeline!.bands.map(b => b.phase);
+    expect(phases[0]).toBe('prefill');
+    expect(phases.filter(p => p === 'prefill')).toHaveLength(1);
+    expect(phases.filter(p => p === 'decode').length).toBeGreaterThan(1);
+  });
+
+  it('reads schema 1 and 2, and a newer schema leniently; refuses what is no schema', () => {
+    expect(REPORT_SCHEMAS).toEqual([1, 2]);
+    expect(parseReport(fixture('report.json')).schema).toBe(1);
+    expect(parseReport(fixture('report_gpu_training_step.json')).schema).toBe(1);
+    expect(parseReport({ status: 'ok' }).schema).toBeUndefined();
+    expect(parseReport({ status: 'ok', schema: 3 }).schema).toBe(3);
+    for (const schema of [0, 1.5, '2']) {
+      expect(() => parseReport({ status: 'ok', schema })).toThrow('.schema');
+    }
   });
 
   it('rejects what is not a report', () => {
