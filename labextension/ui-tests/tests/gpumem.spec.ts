@@ -164,6 +164,36 @@ function gpuNotebook(): string {
   });
 }
 
+/**
+ * A `generate` call's report (schema 2): its breakdown has a KV cache, its timeline a
+ * prefill band and decode bands. Only its structure is checked, not its numbers: the
+ * fixture may be re-recorded (on the CPU now, on a GPU later).
+ */
+function generateNotebook(): string {
+  const report = fixture('report_gpu_generate.json');
+  return JSON.stringify({
+    nbformat: 4,
+    nbformat_minor: 5,
+    metadata: {
+      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
+    },
+    cells: [
+      {
+        cell_type: 'code',
+        id: 'generate',
+        execution_count: report.execution_count,
+        metadata: {},
+        source:
+          '%%gpumem --name generate\n' +
+          'out = model.generate(ids, max_new_tokens=40, do_sample=False)',
+        outputs: [
+          { output_type: 'display_data', metadata: {}, data: { [REPORT_MIME]: report } }
+        ]
+      }
+    ]
+  });
+}
+
 test.describe('jupyter-gpumem', () => {
   test('the sidebar shows a card per GPU of the stand-in, process names as text', async ({
     page
@@ -423,6 +453,69 @@ test.describe('jupyter-gpumem', () => {
       await cpu.screenshot({ path: screenshotPath(`report-cpu-${theme}.png`) });
     }
     await page.theme.setLightTheme();
+  });
+
+  test('a generate report shows its KV cache, and prefill and decode bands apart', async ({
+    page,
+    tmpPath
+  }) => {
+    const name = 'generate-report.ipynb';
+    await page.contents.uploadContent(generateNotebook(), 'text', `${tmpPath}/${name}`);
+    await page.notebook.openByPath(`${tmpPath}/${name}`);
+    await page.notebook.activate(name);
+
+    const view = page.locator('.jp-Notebook .jp-GpuMem-reportView');
+    await expect(view).toHaveCount(1);
+    await expect(view).toContainText('%%gpumem generate');
+    const kv = view.locator('.jp-GpuMem-stackedBar .jp-GpuMem-seg-14');
+    await expect(kv).toHaveCount(1);
+    await expect(kv).toHaveAttribute('title', /^KV cache: /);
+    await expect(view.locator('.jp-GpuMem-breakdown .jp-GpuMem-legend')).toContainText(
+      'KV cache'
+    );
+    const legend = view.locator('.jp-GpuMem-timelineLegend');
+    await expect(legend).toContainText('Prefill');
+    await expect(legend).toContainText('Decode');
+    await expect(view.locator('rect.jp-GpuMem-band[data-phase="prefill"]')).toHaveCount(1);
+    expect(await view.locator('rect.jp-GpuMem-band[data-phase="decode"]').count()).toBeGreaterThan(
+      1
+    );
+    await expect(view.locator('.jp-GpuMem-messages.jp-mod-warning')).toHaveCount(0);
+
+    /** The computed colours of the KV cache segment, and of the prefill and decode bands. */
+    const colours = async () => ({
+      kv: await kv.evaluate(e => getComputedStyle(e).backgroundColor),
+      prefill: await view
+        .locator('rect.jp-GpuMem-band[data-phase="prefill"]')
+        .evaluate(e => getComputedStyle(e).fill),
+      decode: await view
+        .locator('rect.jp-GpuMem-band[data-phase="decode"]')
+        .first()
+        .evaluate(e => getComputedStyle(e).fill)
+    });
+
+    fs.mkdirSync(SHOTS, { recursive: true });
+    await page.sidebar.close('left');
+    const seen: Record<string, { kv: string; prefill: string; decode: string }> = {};
+    for (const theme of ['light', 'dark'] as const) {
+      if (theme === 'dark') {
+        await page.theme.setDarkTheme();
+        await expect(view).toHaveCount(1);
+      }
+      seen[theme] = await colours();
+      await view.scrollIntoViewIfNeeded();
+      await view.screenshot({ path: screenshotPath(`report-generate-${theme}.png`) });
+    }
+    await page.theme.setLightTheme();
+    for (const c of Object.values(seen)) {
+      expect(c.prefill).not.toBe(c.decode);
+      expect(c.decode).toBe(c.kv); // a decode step grows the KV cache: one colour
+      for (const value of Object.values(c)) {
+        expect(value).toMatch(/^rgb\(/); // resolved, not transparent or unset
+      }
+    }
+    // The KV cache colour has a dark-theme value of its own.
+    expect(seen.dark.kv).not.toBe(seen.light.kv);
   });
 
   test('the units setting switches to decimal gigabytes', async ({ page }) => {
