@@ -53,6 +53,9 @@ def build_report(
             found = _device_attribution(rec, drec, peaks, cell, top)
             if rec.tags:
                 notes += (f"cuda:{index}: {n}" for n in residue_notes(found, peaks.peak_allocated))
+        pools = {r for w in drec.windows for r in w.private_pools}
+        if pools:
+            notes.append(f"cuda:{index}: {graph_pool_note(sum(size for _, size in pools))}")
         devices.append(
             DeviceReport(
                 device=f"cuda:{index}",
@@ -188,6 +191,13 @@ def residue_notes(found: Attribution, peak: int) -> list[str]:
             + (f": {parts}" if parts else "")
         )
     return out
+
+
+def graph_pool_note(reserved: int) -> str:
+    return (
+        f"CUDA graph pools reserve {format_bytes(reserved)}: memory only graph replays use, "
+        "in the breakdown only where a graph's output is alive at the peak"
+    )
 
 
 def _largest(amounts: Mapping[str, int]) -> list[tuple[str, int]]:

@@ -67,6 +67,15 @@ class Tagger:
         self._grad_hooked: set[int] = set()
         self._seen_modules: set[int] = set()
         self.decode = DecodeWatch(torch)
+        # True while torch.compile traces. Traced hooks do nothing but at a compiled root
+        # call's entry and exit, where they call their eager selves (one graph break each),
+        # so a compiled graph never guards, nor recompiles, on our bookkeeping.
+        compiler = getattr(torch, "compiler", None)
+        self._compiling: Callable[[], bool] = getattr(compiler, "is_compiling", lambda: False)
+        disable = getattr(compiler, "disable", lambda fn: fn)
+        self._compiled_root: Any = None  # the root module of the compiled call running now
+        self._enter_compiled = disable(self._enter_compiled_root)
+        self._exit_compiled = disable(self._exit_compiled_root)
         self._root_mark = -1  # index in ``marks`` of the running root call's mark
         self._fed_back = False  # the running root call was given back its own cache
         # modules called at the top level, by id; weak, so the tagger never keeps a model alive
@@ -142,7 +151,19 @@ class Tagger:
         ours = top is None or top(False) == (self._pack, self._unpack)
         return ours and not in_backward(self.torch)
 
+    def _enter_compiled_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        self._compiled_root = module
+        self._forward_pre(module, args)
+
+    def _exit_compiled_root(self, module: Any, args: Any, output: Any) -> None:
+        self._compiled_root = None
+        self._forward_post(module, args, output)
+
     def _forward_pre(self, module: Any, args: tuple[Any, ...], boundary: bool = True) -> None:
+        if self._compiling():
+            if self._depth == 0 and self._compiled_root is None:
+                self._enter_compiled(module, args)
+            return
         if self._depth == 0 and not in_backward(self.torch):  # not a checkpoint's recompute
             self.roots.setdefault(id(module), module)
             if boundary and self.on_boundary is not None:
@@ -165,6 +186,10 @@ class Tagger:
         self._depth += 1
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            if module is self._compiled_root:
+                self._exit_compiled(module, args, output)
+            return
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             if not self.torch.is_grad_enabled() and 0 <= self._root_mark < len(self.marks):
@@ -179,6 +204,8 @@ class Tagger:
             self._mark("other")
 
     def _pack(self, t: Any) -> Any:
+        if self._compiling():
+            return t
         if not isinstance(t, self.torch.nn.Parameter):
             self._tag(t, "activations", _now_us())
         # Detached: keeping a saved output itself would tie it to its own grad_fn in a cycle
@@ -186,11 +213,15 @@ class Tagger:
         return t.detach()
 
     def _unpack(self, t: Any) -> Any:
+        if self._compiling():
+            return t
         if self._phase != "backward" and self._depth == 0:
             self._mark("backward")
         return t
 
     def _grad_done(self, p: Any) -> None:
+        if self._compiling():
+            return
         if self._phase != "backward" and self._depth == 0:
             self._mark("backward")
         if p.grad is not None:

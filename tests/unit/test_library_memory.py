@@ -171,3 +171,19 @@ def test_private_pools_are_read_from_the_layout_and_the_snapshot() -> None:
     assert [pools.in_pool(a) for a in (19, 20, 23, 24, 47, 48)] == [
         False, True, True, False, True, False,
     ]  # fmt: skip
+
+
+def test_a_cells_graph_pools_are_named_in_its_notes() -> None:
+    from jupyter_gpumem.records import CellRecording, DeviceRecording, TraceWindow
+    from jupyter_gpumem.report.build import build_report, graph_pool_note
+
+    start = _held()
+    window = TraceWindow(start, (), 46 * MiB, 60 * MiB, 46 * MiB, 60 * MiB, 0, None,
+                         private_pools=((POOL, 20 * MiB),))  # fmt: skip
+    device = DeviceRecording(0, "GPU", 80 << 30, 46 * MiB, 60 * MiB, 46 * MiB, 60 * MiB,
+                             46 * MiB, 60 * MiB, (window,), workspaces=(CUBLAS,))  # fmt: skip
+    rec = CellRecording(
+        started_at=0.0, wall_s=0.1, devices={0: device}, cuda_available=True, error=None
+    )
+    report = build_report(rec, all_devices=True)
+    assert "cuda:0: " + graph_pool_note(20 * MiB) in report.notes
