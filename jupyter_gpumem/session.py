@@ -20,7 +20,9 @@ their reports are the report's ``ranks`` (see :mod:`jupyter_gpumem.rank_reports`
 
 from __future__ import annotations
 
+import collections
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +41,7 @@ from jupyter_gpumem.rank_reports import (
     with_ranks,
 )
 from jupyter_gpumem.report.build import build_report
+from jupyter_gpumem.worker_names import WorkerLocals
 from jupyter_gpumem.report.record import DeviceReport, Report
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS
 from jupyter_gpumem.tracking.process import process_bytes
@@ -206,13 +209,24 @@ def collect() -> Iterator[list[Report]]:
 def measure_rank(rank: int) -> RankFinish:
     """Start a worker process's own measurement; called in the worker by ``RankWorker``.
 
-    A forked worker names tensors after the kernel's namespace, which it inherited.
+    A forked worker names tensors after the kernel's namespace, which it inherited, and after
+    the locals of the function it runs; its lines read as the cells they are in.
     """
     options = MeasureOptions(name=f"rank {rank}", log=False, ranks=False)
-    measurement = Measurement(options, inherited_namespace())
+    found: dict[str, Any] = {}  # the worker function's locals, filled as the rank ends
+    namespace = collections.ChainMap(found, inherited_namespace())  # type: ignore[arg-type]
+    # no block of its own: each line reads as the cell its frame is in, the innermost first
+    measurement = Measurement(options, namespace)
     measurement.start()
+    torch = sys.modules.get("torch")
+    worker_locals = WorkerLocals(torch) if torch is not None else None
+    if worker_locals is not None:
+        worker_locals.install()
 
     def finish(error: BaseException | None, failure: str | None) -> Mapping[str, Any] | None:
+        if worker_locals is not None:
+            worker_locals.remove()
+            found.update(worker_locals.namespace())
         report = measurement.finish(None if failure is not None else error)
         if report is None:
             return None

@@ -7,6 +7,7 @@ storages named in the user's namespace, and returns plain records.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -361,7 +362,11 @@ def _during(marks: Sequence[PhaseMark], ev: TraceEvent) -> str | None:
 
 
 def source_line(ev: TraceEvent, cell: tuple[str, int] | None) -> str | None:
-    """The cell line (as the editor numbers it), else the innermost frame outside torch."""
+    """The cell line (as the editor numbers it), else the innermost frame outside torch.
+
+    A frame in another notebook cell (a function a worker process runs, defined earlier)
+    reads "cell [N] line L" where IPython's file name gives the cell's number.
+    """
     fallback = None
     for frame in ev.frames:
         filename = str(frame.get("filename", ""))
@@ -374,5 +379,19 @@ def source_line(ev: TraceEvent, cell: tuple[str, int] | None) -> str | None:
             and "jupyter_gpumem" not in filename
             and filename
         ):
-            fallback = f"{filename}:{line}"
+            fallback = _cell_line(filename, line) or f"{filename}:{line}"
     return fallback
+
+
+_OTHER_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")  # IPython's name of a cell's code
+_KERNEL_CELL = re.compile(r"[/\\]ipykernel_\d+[/\\]\d+\.py$")  # ipykernel's
+
+
+def _cell_line(filename: str, line: object) -> str | None:
+    """A line of another cell, where the file name says it is one."""
+    match = _OTHER_CELL.match(filename)
+    if match:
+        return f"cell [{match.group(1)}] line {line}"
+    if _KERNEL_CELL.search(filename):
+        return f"cell line {line}"
+    return None

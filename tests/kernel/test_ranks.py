@@ -359,3 +359,42 @@ def test_fsdp2_ranks_count_their_own_shards(ranks_shell: InteractiveShell, tmp_p
         assert k.breakdown["parameters"] == own["shard"]  # the padded local shards, no more
         assert k.breakdown["optimizer_state"] >= own["state"]  # exp_avg, exp_avg_sq (and steps)
         assert k.breakdown["communication"] > 0  # what FSDP's collectives keep through the step
+
+
+@pytest.mark.timeout(60)
+def test_a_ranks_tensors_are_named_from_its_function_and_its_lines_are_cell_lines(
+    ranks_shell: InteractiveShell,
+) -> None:
+    assert ranks_shell.run_cell(KEEPS).success
+    result = ranks_shell.run_cell(
+        "%%gpumem -o r\nmp.start_processes(keeps, args=(2,), nprocs=2, start_method='fork')"
+    )
+    assert result.success, result.error_in_exec
+    for k in ranks_shell.user_ns["r"].ranks:
+        alive = [t for t in k.tensors if t.alive]
+        names = {t.name for t in alive}
+        # the DDP model and Adam outlive the function in KEPT; the function named them
+        assert {"net.0.weight", "net.2.weight"} <= names, names  # the innermost frame's name
+        assert any(n and n.startswith("opt.state[") for n in names), names
+        lines = {t.line for t in k.tensors}
+        assert not any("<ipython-input" in (line or "") for line in lines), lines
+        # the function's own lines, in the cell that defined it
+        assert any(re.fullmatch(r"cell \[\d+\] line (7|8|11|12)", line or "") for line in lines), lines
+
+
+KEEPS = """
+KEPT = []
+
+def keeps(rank, world):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(TMP, "store2"),
+                            rank=rank, world_size=world)
+    net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 8))
+    model = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randn(32, 64)).pow(2).mean().backward()
+        opt.step()
+    KEPT.append((model, opt))  # held past the function: the rank's report lists them
+    dist.barrier()
+"""

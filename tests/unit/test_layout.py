@@ -27,7 +27,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("report.html",),
     ("report.record",),
     ("report.build", "report"),
-    ("ipython_state", "report_log", "rank_reports"),
+    ("ipython_state", "report_log", "rank_reports", "worker_names"),
     ("session",),
     ("tuner.",),
     ("cell_options", "cell_run"),
