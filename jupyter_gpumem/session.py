@@ -41,7 +41,6 @@ from jupyter_gpumem.rank_reports import (
     with_ranks,
 )
 from jupyter_gpumem.report.build import build_report
-from jupyter_gpumem.worker_names import WorkerLocals
 from jupyter_gpumem.report.record import DeviceReport, Report
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS
 from jupyter_gpumem.tracking.process import process_bytes
@@ -54,6 +53,7 @@ from jupyter_gpumem.tracking.ranks import (
     write_report,
 )
 from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
+from jupyter_gpumem.worker_names import WorkerLocals
 
 __all__ = ["MeasureOptions", "Measurement", "collect", "measure", "measure_rank", "record"]
 

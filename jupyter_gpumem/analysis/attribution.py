@@ -59,7 +59,9 @@ class Attribution:
     timeline: Timeline
     tensors: tuple[TensorRecord, ...]
     oom: OomInfo | None
-    residue: Residue = field(default_factory=Residue)  # at the peak: library buffers, why unattributed
+    residue: Residue = field(
+        default_factory=Residue
+    )  # at the peak: library buffers, why unattributed
 
 
 def attribute(

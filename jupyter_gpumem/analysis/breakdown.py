@@ -12,7 +12,12 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from jupyter_gpumem.analysis.library_memory import LibraryMemory, Residue, category_of, why_unattributed
+from jupyter_gpumem.analysis.library_memory import (
+    LibraryMemory,
+    Residue,
+    category_of,
+    why_unattributed,
+)
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
     BlockState,

@@ -341,9 +341,7 @@ class CudaSession:
                     last_step=last_step,
                     problem=problem,
                     started_us=start.started_us,
-                    private_pools=_private_pools(
-                        snapshot.get("segments", ()), d, start.segments
-                    ),
+                    private_pools=_private_pools(snapshot.get("segments", ()), d, start.segments),
                 )
             )
             if last_step is not None and problem is None and self.digest is not None:

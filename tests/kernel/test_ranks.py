@@ -379,7 +379,9 @@ def test_a_ranks_tensors_are_named_from_its_function_and_its_lines_are_cell_line
         lines = {t.line for t in k.tensors}
         assert not any("<ipython-input" in (line or "") for line in lines), lines
         # the function's own lines, in the cell that defined it
-        assert any(re.fullmatch(r"cell \[\d+\] line (7|8|11|12)", line or "") for line in lines), lines
+        assert any(re.fullmatch(r"cell \[\d+\] line (7|8|11|12)", line or "") for line in lines), (
+            lines
+        )
 
 
 KEEPS = """
