@@ -37,6 +37,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -72,10 +73,11 @@ class Tagger:
         # so a compiled graph never guards, nor recompiles, on our bookkeeping.
         compiler = getattr(torch, "compiler", None)
         self._compiling: Callable[[], bool] = getattr(compiler, "is_compiling", lambda: False)
-        disable = getattr(compiler, "disable", lambda fn: fn)
         self._compiled_root: Any = None  # the root module of the compiled call running now
-        self._enter_compiled = disable(self._enter_compiled_root)
-        self._exit_compiled = disable(self._exit_compiled_root)
+        # Made once dynamo is imported (the import costs about a second; a kernel that never
+        # compiles never pays it); until then a traced hook does nothing at all.
+        self._enter_compiled: Callable[[Any, tuple[Any, ...]], None] | None = None
+        self._exit_compiled: Callable[[Any, Any, Any], None] | None = None
         self._root_mark = -1  # index in ``marks`` of the running root call's mark
         self._fed_back = False  # the running root call was given back its own cache
         # modules called at the top level, by id; weak, so the tagger never keeps a model alive
@@ -120,6 +122,9 @@ class Tagger:
             if storage.category is not None:
                 self.tags.append(Tag(storage.address, storage.category, now, storage.nbytes))
         torch = self.torch
+        if self._enter_compiled is None and "torch._dynamo" in sys.modules:
+            self._enter_compiled = torch.compiler.disable(self._enter_compiled_root)
+            self._exit_compiled = torch.compiler.disable(self._exit_compiled_root)
         hooks = torch.nn.modules.module
         self._handles.append(hooks.register_module_forward_pre_hook(self._forward_pre))
         self._handles.append(
@@ -161,7 +166,7 @@ class Tagger:
 
     def _forward_pre(self, module: Any, args: tuple[Any, ...], boundary: bool = True) -> None:
         if self._compiling():
-            if self._depth == 0 and self._compiled_root is None:
+            if self._depth == 0 and self._compiled_root is None and self._enter_compiled:
                 self._enter_compiled(module, args)
             return
         if self._depth == 0 and not in_backward(self.torch):  # not a checkpoint's recompute
@@ -187,7 +192,7 @@ class Tagger:
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
-            if module is self._compiled_root:
+            if module is self._compiled_root and self._exit_compiled:
                 self._exit_compiled(module, args, output)
             return
         self._depth = max(0, self._depth - 1)
