@@ -9,19 +9,14 @@
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
 import * as path from 'path';
+import { fixture, notebook, openNotebook, reportCell } from './notebooks';
 import { screenshotPath } from './screenshots';
 
 const SIDEBAR_ID = 'jupyter-gpumem:sidebar';
 const STATUS = '[id="jupyter-gpumem:status"]';
-const REPORT_MIME = 'application/vnd.jupyter-gpumem.report+json';
 const XSS = '<img src=x onerror=alert(1)>';
 const GiB = 2 ** 30;
 const SHOTS = path.resolve(__dirname, '..', 'screenshots');
-const FIXTURES = path.resolve(__dirname, '..', '..', '..', 'tests', 'fixtures');
-
-function fixture(name: string): any {
-  return JSON.parse(fs.readFileSync(path.join(FIXTURES, name), 'utf-8'));
-}
 
 async function shot(page: IJupyterLabPageFixture, name: string): Promise<void> {
   fs.mkdirSync(SHOTS, { recursive: true });
@@ -65,37 +60,17 @@ function reportNotebook(): string {
     warnings: [],
     devices: []
   };
-  const code = (id: string, source: string, report: any) => ({
-    cell_type: 'code',
-    id,
-    execution_count: report.execution_count,
-    metadata: {},
-    source,
-    outputs: [
-      {
-        output_type: 'display_data',
-        metadata: {},
-        data: {
-          [REPORT_MIME]: report,
-          'text/html': '<div class="gpumem-html-fallback">HTML fallback</div>',
-          'text/plain': `gpumem report ${report.name}`
-        }
-      }
-    ]
-  });
-  return JSON.stringify({
-    nbformat: 4,
-    nbformat_minor: 5,
-    metadata: {
-      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
-    },
-    cells: [
+  const code = (id: string, source: string, report: any) =>
+    reportCell(id, source, report, {
+      'text/html': '<div class="gpumem-html-fallback">HTML fallback</div>',
+      'text/plain': `gpumem report ${report.name}`
+    });
+  return notebook([
       { cell_type: 'markdown', id: 'intro', metadata: {}, source: '# GPU memory reports' },
       code('train', '%%gpumem --name train\nfor batch in batches:\n    step(batch)', train),
       code('eval', '%%gpumem --name eval\nevaluate(model)', evaluate),
       code('cpu', '%%gpumem --name "cpu only"\nx = torch.ones(4)', cpu)
-    ]
-  });
+  ]);
 }
 
 /**
@@ -136,23 +111,8 @@ function gpuNotebook(): string {
       where: ['Out[1]', '_']
     }
   ];
-  const code = (id: string, source: string, report: any) => ({
-    cell_type: 'code',
-    id,
-    execution_count: report.execution_count,
-    metadata: {},
-    source,
-    outputs: [
-      { output_type: 'display_data', metadata: {}, data: { [REPORT_MIME]: report } }
-    ]
-  });
-  return JSON.stringify({
-    nbformat: 4,
-    nbformat_minor: 5,
-    metadata: {
-      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
-    },
-    cells: [
+  const code = reportCell;
+  return notebook([
       code('recorded', '%%gpumem\nfor step in range(3):\n    train_step(x)', recorded),
       code('oom', '%%gpumem --name "bigger batch"\ntrain_step(torch.cat([x] * 64))', oom),
       code(
@@ -160,8 +120,7 @@ function gpuNotebook(): string {
         '%%gpumem --name cpu-training-step\nfor step in range(3):\n    train_step(x)',
         fixture('report_cpu_training_step.json')
       )
-    ]
-  });
+  ]);
 }
 
 /**
@@ -171,27 +130,13 @@ function gpuNotebook(): string {
  */
 function generateNotebook(): string {
   const report = fixture('report_gpu_generate.json');
-  return JSON.stringify({
-    nbformat: 4,
-    nbformat_minor: 5,
-    metadata: {
-      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
-    },
-    cells: [
-      {
-        cell_type: 'code',
-        id: 'generate',
-        execution_count: report.execution_count,
-        metadata: {},
-        source:
-          '%%gpumem --name generate\n' +
-          'out = model.generate(ids, max_new_tokens=40, do_sample=False)',
-        outputs: [
-          { output_type: 'display_data', metadata: {}, data: { [REPORT_MIME]: report } }
-        ]
-      }
-    ]
-  });
+  return notebook([
+      reportCell(
+        'generate',
+        '%%gpumem --name generate\nout = model.generate(ids, max_new_tokens=40, do_sample=False)',
+        report
+      )
+  ]);
 }
 
 test.describe('jupyter-gpumem', () => {
@@ -310,9 +255,7 @@ test.describe('jupyter-gpumem', () => {
     tmpPath
   }) => {
     const name = 'reports.ipynb';
-    await page.contents.uploadContent(reportNotebook(), 'text', `${tmpPath}/${name}`);
-    await page.notebook.openByPath(`${tmpPath}/${name}`);
-    await page.notebook.activate(name);
+    await openNotebook(page, tmpPath, name, reportNotebook());
 
     const views = page.locator('.jp-Notebook .jp-GpuMem-reportView');
     await expect(views).toHaveCount(3);
@@ -363,9 +306,7 @@ test.describe('jupyter-gpumem', () => {
       await dialog.dismiss();
     });
     const name = 'gpu-report.ipynb';
-    await page.contents.uploadContent(gpuNotebook(), 'text', `${tmpPath}/${name}`);
-    await page.notebook.openByPath(`${tmpPath}/${name}`);
-    await page.notebook.activate(name);
+    await openNotebook(page, tmpPath, name, gpuNotebook());
 
     const views = page.locator('.jp-Notebook .jp-GpuMem-reportView');
     await expect(views).toHaveCount(3);
@@ -460,9 +401,7 @@ test.describe('jupyter-gpumem', () => {
     tmpPath
   }) => {
     const name = 'generate-report.ipynb';
-    await page.contents.uploadContent(generateNotebook(), 'text', `${tmpPath}/${name}`);
-    await page.notebook.openByPath(`${tmpPath}/${name}`);
-    await page.notebook.activate(name);
+    await openNotebook(page, tmpPath, name, generateNotebook());
 
     const view = page.locator('.jp-Notebook .jp-GpuMem-reportView');
     await expect(view).toHaveCount(1);

@@ -4,35 +4,17 @@
  * marked, and a selector that shows one rank's own report in full.
  */
 import { expect, test } from '@jupyterlab/galata';
-import * as fs from 'fs';
-import * as path from 'path';
+import { fixture, notebook, openNotebook, reportCell } from './notebooks';
 import { screenshotPath } from './screenshots';
 
-const REPORT_MIME = 'application/vnd.jupyter-gpumem.report+json';
-const FIXTURES = path.resolve(__dirname, '..', '..', '..', 'tests', 'fixtures');
-
 function ranksNotebook(): string {
-  const report = JSON.parse(
-    fs.readFileSync(path.join(FIXTURES, 'report_two_ranks.json'), 'utf-8')
-  );
-  return JSON.stringify({
-    nbformat: 4,
-    nbformat_minor: 5,
-    metadata: {
-      kernelspec: { name: 'python3', display_name: 'Python 3', language: 'python' }
-    },
-    cells: [
-      {
-        cell_type: 'code',
-        id: 'ddp',
-        execution_count: report.execution_count,
-        metadata: {},
-        source:
-          "%%gpumem --name ddp\nmp.start_processes(ddp, args=(2,), nprocs=2, start_method='fork')",
-        outputs: [{ output_type: 'display_data', metadata: {}, data: { [REPORT_MIME]: report } }]
-      }
-    ]
-  });
+  return notebook([
+    reportCell(
+      'ddp',
+      "%%gpumem --name ddp\nmp.start_processes(ddp, args=(2,), nprocs=2, start_method='fork')",
+      fixture('report_two_ranks.json')
+    )
+  ]);
 }
 
 test('a two-rank report shows both ranks, the worst marked, and each rank in detail', async ({
@@ -40,9 +22,7 @@ test('a two-rank report shows both ranks, the worst marked, and each rank in det
   tmpPath
 }) => {
   const name = 'two-ranks.ipynb';
-  await page.contents.uploadContent(ranksNotebook(), 'text', `${tmpPath}/${name}`);
-  await page.notebook.openByPath(`${tmpPath}/${name}`);
-  await page.notebook.activate(name);
+  await openNotebook(page, tmpPath, name, ranksNotebook());
 
   const section = page.locator('.jp-Notebook .jp-GpuMem-ranks');
   await expect(section).toHaveCount(1);
