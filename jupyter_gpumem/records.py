@@ -113,6 +113,7 @@ class Tag:
     category: str  # parameters, gradients, optimizer_state, activations, inputs
     time_us: int
     nbytes: int  # the storage's size, to tell it from a later storage at the same address
+    scope: int = -1  # the module call it belongs to (index in ``CellRecording.calls``); -1: none
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,27 @@ class PhaseMark:
     time_us: int
     phase: str  # forward, backward, optimizer, other
     step: int
+
+
+class ModuleCall(NamedTuple):
+    """One call of a module while tags were recorded, or a module owning parameters.
+
+    Calls nest: ``parent`` is the enclosing call's index in the cell's calls (-1: outside
+    every module). ``call`` counts the calls of ``name`` within one forward of its model, so
+    a shared layer or a loop over one block is told apart per call; an owner of parameters
+    that is not a call has ``call`` -1.
+    """
+
+    name: str  # the module's qualified name in its model ("transformer.h.3.attn"; "" the model)
+    call: int
+    parent: int
+
+
+class ScopeMark(NamedTuple):
+    """From ``time_us`` on, allocations came from module call ``scope`` (-1: outside every module)."""
+
+    time_us: int
+    scope: int
 
 
 @dataclass(frozen=True)
@@ -229,3 +251,5 @@ class CellRecording:
     ] = ()  # (address, bytes) of CPU storages alive at the start
     cpu_detail_until_us: int | None = None  # when the CPU source stepped aside, if it did
     steps: int = 0  # loop steps the cell ran (optimizer steps, else root-module forwards)
+    calls: tuple[ModuleCall, ...] = ()  # the module calls tags and scope marks point into
+    scope_marks: tuple[ScopeMark, ...] = ()  # in time order

@@ -13,11 +13,20 @@ from jupyter_gpumem.analysis.breakdown import (
     peak_phase,
     tensor_records,
 )
+from jupyter_gpumem.analysis.by_module import ModuleBytes, ModuleTally, module_tree
 from jupyter_gpumem.analysis.library_memory import LibraryMemory, Residue
 from jupyter_gpumem.analysis.peaks import DevicePeaks
 from jupyter_gpumem.analysis.replay import Live, Replay
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline, downsample
-from jupyter_gpumem.records import NamedStorage, PhaseMark, StepSample, Tag, TraceEvent
+from jupyter_gpumem.records import (
+    ModuleCall,
+    NamedStorage,
+    PhaseMark,
+    ScopeMark,
+    StepSample,
+    Tag,
+    TraceEvent,
+)
 
 ADVICE = {
     "activations": "activation checkpointing of the model's blocks (or a smaller batch, or bf16 autocast)",
@@ -62,6 +71,7 @@ class Attribution:
     residue: Residue = field(
         default_factory=Residue
     )  # at the peak: library buffers, why unattributed
+    by_module: ModuleBytes | None = None  # the peak by module; None: no module call was seen
 
 
 def attribute(
@@ -79,6 +89,8 @@ def attribute(
     drawn: Timeline | None = None,
     listed: tuple[TensorRecord, ...] | None = None,
     library: LibraryMemory = NO_LIBRARY,
+    calls: Sequence[ModuleCall] = (),
+    scope_marks: Sequence[ScopeMark] = (),
 ) -> Attribution:
     """Breakdown at the peak (summing to it exactly), phase, timeline, tensor delta and OOM.
 
@@ -88,7 +100,11 @@ def attribute(
     on_device = {a: n for a, n in named.items() if n.device == device}
     slack = 0 if device == "cpu" else CUDA_CLOCK_SLACK_US
 
-    def categories(touched: Sequence[Live], residue: Residue | None = None) -> dict[str, int]:
+    def categories(
+        touched: Sequence[Live],
+        residue: Residue | None = None,
+        modules: ModuleTally | None = None,
+    ) -> dict[str, int]:
         """The breakdown of ``touched`` and of the blocks of segments no event touched."""
         return categorize(
             touched,
@@ -101,10 +117,12 @@ def attribute(
             library=library,
             residue=residue,
             cell=cell,
+            modules=modules,
         )
 
     residue = Residue()
-    breakdown = categories(replay.touched_at_peak, residue)
+    tally = ModuleTally(calls, scope_marks) if calls else None
+    breakdown = categories(replay.touched_at_peak, residue, tally)
     peak_us = events[replay.peak_index].time_us if replay.peak_index >= 0 else started_at_us
     phase, step = peak_phase(marks, peak_us)
     oom = None
@@ -131,6 +149,7 @@ def attribute(
         else tensor_records(events, on_device, device=device, cell=cell, top=top, marks=marks),
         oom=oom,
         residue=residue,
+        by_module=module_tree(tally, breakdown) if tally is not None else None,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from jupyter_gpumem.analysis.by_module import OUTSIDE, ModuleTally
 from jupyter_gpumem.analysis.library_memory import (
     LibraryMemory,
     Residue,
@@ -74,6 +75,7 @@ def categorize(
     library: LibraryMemory = NO_LIBRARY,
     residue: Residue | None = None,
     cell: tuple[str, int] | None = None,
+    modules: ModuleTally | None = None,
 ) -> dict[str, int]:
     """Bytes per category for ``blocks`` and the allocated blocks of ``held`` (segments no
     event touched); the values sum to the blocks' total, exactly.
@@ -85,7 +87,8 @@ def categorize(
     time, within ``clock_slack_us`` where the events and tags use different clocks.
     A block nothing claims is a library's buffer where ``library`` knows it, else
     unattributed; ``residue`` (when given) collects the buffers' names and why the
-    unattributed bytes are so.
+    unattributed bytes are so. ``modules`` (when given) collects each block's bytes under
+    the module call its tag names, else the one that allocated it.
     """
     by_address: dict[int, list[Tag]] = {}
     for tag in sorted(tags, key=lambda t: t.time_us):
@@ -93,6 +96,7 @@ def categorize(
     touched = {ev.address for ev in events}
     lives = storage_lives(events, start_blocks, {b.address for b in blocks} & touched)
     standing = _standing(by_address, named)
+    scoped = _standing_scopes(by_address, standing) if modules is not None else {}
     out = dict.fromkeys(CATEGORIES, 0)
 
     def unclaimed(address: int, request: int, origin: TraceEvent | None) -> str:
@@ -107,21 +111,30 @@ def categorize(
 
     for block in blocks:
         request = min(block.requested_size, block.size)
+        scope = OUTSIDE
         if block.event_index < 0 and block.address not in touched:
             category = standing.get(block.address) or unclaimed(block.address, request, None)
+            scope = scoped.get(block.address, OUTSIDE)
         else:
-            category = _category(block, events, by_address, lives, named, clock_slack_us)
+            category, scope = _category(block, events, by_address, lives, named, clock_slack_us)
             if category == "unattributed":
                 origin = events[block.event_index] if block.event_index >= 0 else None
                 category = unclaimed(block.address, request, origin)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
+        if modules is not None:
+            if scope == OUTSIDE and block.event_index >= 0:
+                scope = modules.scope_at(events[block.event_index].time_us)
+            modules.add(scope, category, request)
     slack = 0
     for seg in held:  # one tight pass: a kernel holding many tensors has tens of thousands
         for address, size, requested in seg.allocated_blocks():
             request = size if requested is None else min(requested, size)
-            out[standing.get(address) or unclaimed(address, request, None)] += request
+            category = standing.get(address) or unclaimed(address, request, None)
+            out[category] += request
             slack += size - request
+            if address in scoped:
+                modules.add(scoped[address], category, request)  # type: ignore[union-attr]
     out[ALLOCATOR_SLACK] += slack
     return out
 
@@ -141,6 +154,20 @@ def _standing(
     }
     for address, hit in named.items():
         out.setdefault(address, hit.category or "other")
+    return out
+
+
+def _standing_scopes(
+    by_address: Mapping[int, list[Tag]], standing: Mapping[int, str]
+) -> dict[int, int]:
+    """The module call of a standing block: the first tag of its category that names one."""
+    out = {}
+    for address, near in by_address.items():
+        category = standing.get(address)
+        for tag in near:
+            if tag.category == category and tag.scope != OUTSIDE:
+                out[address] = tag.scope
+                break
     return out
 
 
@@ -216,7 +243,8 @@ def _category(
     lives: Mapping[int, AddressLives],
     named: Mapping[int, NamedStorage],
     slack: int,
-) -> str:
+) -> tuple[str, int]:
+    """The block's category, and the module call its winning tag names (``OUTSIDE``: none)."""
     at = lives.get(block.address)
     k = at.index.get(block.event_index) if at is not None else None
     own, before, after = StorageLife(None, None, None), None, None
@@ -240,17 +268,21 @@ def _category(
             continue
         if after is not None and after.holds(tag.nbytes) and after.distance(tag.time_us) <= d:
             continue
-        valid.append(tag.category)
+        valid.append(tag)
     if valid:
-        return min(valid, key=_PRIORITY.__getitem__)
+        category = min((t.category for t in valid), key=_PRIORITY.__getitem__)
+        scope = next(
+            (t.scope for t in valid if t.category == category and t.scope != OUTSIDE), OUTSIDE
+        )
+        return category, scope
     if own.born_us is not None and allocated_by_communication(events[block.event_index].frames):
-        return "communication"  # all-gather and reduce-scatter buffers, DDP's buckets
+        return "communication", OUTSIDE  # all-gather and reduce-scatter buffers, DDP's buckets
     if own.freed_us is not None:
-        return "temporary"
+        return "temporary", OUTSIDE
     hit = named.get(block.address)
     if hit is not None:
-        return hit.category or "other"
-    return "unattributed"
+        return hit.category or "other", OUTSIDE
+    return "unattributed", OUTSIDE
 
 
 def peak_phase(

@@ -154,6 +154,8 @@ def _device_attribution(
         drawn=None if whole else cell_timeline(peaks, drec.samples, rec.marks, started_us),
         listed=listed,
         library=LibraryMemory(drec.workspaces, window.private_pools),
+        calls=rec.calls,
+        scope_marks=rec.scope_marks,
     )
     if whole:
         return found
@@ -162,9 +164,13 @@ def _device_attribution(
     breakdown["unattributed"] = breakdown.get("unattributed", 0) + missing
     if missing:
         found.residue.add_unattributed(BETWEEN_WINDOWS, missing)
+    by_module = found.by_module
+    if by_module is not None:  # the root's entry is the breakdown, whatever it came to
+        by_module = replace(by_module, bytes={c: n for c, n in breakdown.items() if n})
     return replace(
         found,
         breakdown=breakdown,
+        by_module=by_module,
         peak_phase=found.peak_phase if missing == 0 else None,
         peak_step=found.peak_step if missing == 0 else peaks.peak_step,
     )
@@ -259,6 +265,8 @@ def _attribute(
         started_at_us=int(rec.started_at * 1e6),
         cell=cell,
         top=top,
+        calls=rec.calls,
+        scope_marks=rec.scope_marks,
     )
 
 
@@ -273,6 +281,7 @@ def _found_fields(found: Attribution | None, *, tagged: bool) -> dict[str, Any]:
         "timeline": found.timeline,
         "tensors": found.tensors,
         "oom": found.oom,
+        "module_tree": found.by_module if tagged else None,
     }
 
 

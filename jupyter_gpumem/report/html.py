@@ -28,6 +28,7 @@ from jupyter_gpumem.report.text import (
 from jupyter_gpumem.units import format_bytes
 
 if TYPE_CHECKING:
+    from jupyter_gpumem.analysis.by_module import ModuleBytes
     from jupyter_gpumem.report.record import DeviceReport, Report
 
 HTML_NAME_WIDTH = 120
@@ -63,6 +64,8 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
         )
     if r.main is not None and (details := peak_lines(r.main)):
         parts.append(f'<pre style="margin:.4em 0">{esc(chr(10).join(details))}</pre>')
+    if r.main is not None and r.main.module_tree is not None:
+        parts.append(_modules_html(r.main.module_tree))
     if r.main is not None:
         parts.append(_alive_html(r.main, style))
         freed = freed_lines(r.main)
@@ -85,6 +88,24 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
 def _code_html(text: str) -> str:
     """Hint text for HTML: escaped, code spans as <code>."""
     return CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
+def _modules_html(tree: ModuleBytes) -> str:
+    """The peak by module as nested ``<details>``: the model open, its modules folded."""
+    esc = html.escape
+
+    def node(m: ModuleBytes, depth: int) -> str:
+        parts = sorted(m.bytes.items(), key=lambda kv: -kv[1])
+        kinds = ", ".join(f"{c.replace('_', ' ')} {format_bytes(n)}" for c, n in parts[:3])
+        label = esc(m.path.rsplit(".", 1)[-1] if m.path else "model")
+        summary = f"<summary><code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small></summary>"
+        if not m.children:
+            return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{summary[9:-10]}</div>'
+        opened = " open" if depth == 0 else ""
+        inner = "".join(node(c, depth + 1) for c in m.children)
+        return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}">{summary}{inner}</details>'
+
+    return f'<div class="jp-gpumem-modules" style="margin:.4em 0">At the peak, by module:{node(tree, 0)}</div>'
 
 
 def _alive_html(d: DeviceReport, style: str) -> str:

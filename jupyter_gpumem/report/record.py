@@ -15,6 +15,7 @@ from typing import Any
 
 from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
+from jupyter_gpumem.analysis.by_module import ModuleBytes, module_bytes_from_dict
 from jupyter_gpumem.analysis.leak_hints import LeakHint
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
 from jupyter_gpumem.report.html import render_html
@@ -23,8 +24,9 @@ from jupyter_gpumem.units import format_bytes
 
 MIME_TYPE = "application/vnd.jupyter-gpumem.report+json"
 # 2: the breakdown's kv_cache, library_workspace and cuda_graph_pool, the prefill and decode
-# phases. Front ends read schema 1 as well (the same shape, without those names).
-SCHEMA = 2
+# phases. 3: each device's ``module_tree`` (the peak by module) and ``largest_module``.
+# Front ends read schemas 1 and 2 as well (the same shape, without those fields).
+SCHEMA = 3
 # Recorded in `Report.notes` when torch sees no CUDA device; `shown_notes` words it for what the
 # report holds (CPU tensor memory stands in for the GPU where it was recorded).
 NO_CUDA = "No CUDA device is present: the cell ran unchanged and no GPU memory was measured."
@@ -56,10 +58,18 @@ class DeviceReport:
     timeline: Timeline | None = None
     tensors: tuple[TensorRecord, ...] = ()
     oom: OomInfo | None = None
+    module_tree: ModuleBytes | None = None  # the peak by module; None: no module call seen
 
     def to_dict(self) -> dict[str, Any]:
         # By hand rather than asdict(): no deep copy of the timeline on every display.
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["module_tree"] = None if self.module_tree is None else self.module_tree.to_dict()
+        largest = None if self.module_tree is None else self.module_tree.largest()
+        out["largest_module"] = (
+            None
+            if largest is None
+            else {"path": largest.path, "bytes": sum(largest.own().values())}
+        )
         out["breakdown"] = None if self.breakdown is None else dict(self.breakdown)
         out["timeline"] = None if self.timeline is None else self.timeline.to_dict()
         out["tensors"] = [t.to_dict() for t in self.tensors]
@@ -135,6 +145,16 @@ class Report:
     @property
     def peak_step(self) -> int | None:
         return self.main.peak_step if self.main else None
+
+    @property
+    def module_tree(self) -> ModuleBytes | None:
+        return self.main.module_tree if self.main else None
+
+    @property
+    def by_module(self) -> dict[str, dict[str, int]] | None:
+        """``{module path: {category: bytes}}`` at the peak, children included; ``""`` the root."""
+        tree = self.module_tree
+        return None if tree is None else tree.flat()
 
     @property
     def tensors(self) -> tuple[TensorRecord, ...]:
@@ -250,6 +270,8 @@ def _device_from_dict(data: Mapping[str, Any]) -> DeviceReport:
             peak_bytes=timeline["peak_bytes"],
         )
     values["tensors"] = tuple(_tensor_from_dict(t) for t in data.get("tensors", ()))
+    tree = data.get("module_tree")
+    values["module_tree"] = None if tree is None else module_bytes_from_dict(tree)
     oom = data.get("oom")
     if oom is not None:
         values["oom"] = OomInfo(

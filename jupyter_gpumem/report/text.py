@@ -116,7 +116,7 @@ def detail_lines(d: DeviceReport) -> list[str]:
 
 def peak_lines(d: DeviceReport) -> list[str]:
     """Breakdown at the peak and out-of-memory advice."""
-    return [*breakdown_lines(d), *oom_lines(d)]
+    return [*breakdown_lines(d), *module_lines(d), *oom_lines(d)]
 
 
 def breakdown_lines(d: DeviceReport) -> list[str]:
@@ -130,6 +130,28 @@ def breakdown_lines(d: DeviceReport) -> list[str]:
                 lines.append(
                     f"  {category.replace('_', ' '):<18}{format_bytes(n):>11}  {100 * n / total:3.0f}%"
                 )
+    return lines
+
+
+TOP_MODULES = 5
+
+
+def module_lines(d: DeviceReport) -> list[str]:
+    """The modules holding the most bytes at the peak, by their own code (children apart)."""
+    if d.module_tree is None:
+        return []
+    ranked = d.module_tree.ranked()[:TOP_MODULES]
+    if not ranked:
+        return []
+    lines = ["largest modules at the peak (their own bytes):"]
+    width = min(NAME_WIDTH, max(len(m.path) for m in ranked))
+    for m in ranked:
+        own = m.own()
+        most = max(own, key=own.__getitem__)
+        lines.append(
+            f"  {short(m.path, width):<{width}} {format_bytes(sum(own.values())):>11}"
+            f"  mostly {most.replace('_', ' ')}"
+        )
     return lines
 
 

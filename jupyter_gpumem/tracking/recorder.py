@@ -10,7 +10,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.records import CellRecording, DeviceRecording, PhaseMark, Tag, TraceWindow
+from jupyter_gpumem.records import (
+    CellRecording,
+    DeviceRecording,
+    ModuleCall,
+    PhaseMark,
+    ScopeMark,
+    Tag,
+    TraceWindow,
+)
 from jupyter_gpumem.tracking.cuda import CudaSession, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
@@ -109,10 +117,14 @@ class Recorder:
         self._watch.stop()
         tags: tuple[Tag, ...] = ()
         marks: tuple[PhaseMark, ...] = ()
+        calls: tuple[ModuleCall, ...] = ()
+        scope_marks: tuple[ScopeMark, ...] = ()
         if self._tagger is not None:
             stopped = self._guarded("tags", self._tagger.stop)
             if stopped is not _FAILED:
                 tags, marks = stopped
+                calls = tuple(self._tagger.scopes.calls)
+                scope_marks = tuple(self._tagger.scopes.marks)
         cpu_events = None
         if self._cpu is not None:
             events = self._guarded("CPU tensor source", self._cpu.stop)
@@ -146,6 +158,8 @@ class Recorder:
             cpu_start=self._cpu_start,
             cpu_detail_until_us=self._cpu_until_us,
             steps=steps,
+            calls=calls,
+            scope_marks=scope_marks,
         )
 
     # -- step boundaries -----------------------------------------------------------

@@ -9,7 +9,8 @@ happens in between:
   (what the namespace's models hold is tagged from their names when recording starts);
 - global optimizer step hooks: optimizer state, and the optimizer phase;
 - root calls without gradients: a KV cache given back or carried out (``kv_cache``), and
-  the ``prefill`` and ``decode`` phases (see :mod:`jupyter_gpumem.tracking.decoding`).
+  the ``prefill`` and ``decode`` phases (see :mod:`jupyter_gpumem.tracking.decoding`);
+- the module call each tag and allocation belongs to (see :mod:`jupyter_gpumem.tracking.scopes`).
 
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
 paused: ``pause()`` removes every hook and ``resume()`` installs them again.
@@ -46,6 +47,7 @@ from typing import Any
 from jupyter_gpumem.records import NamedStorage, PhaseMark, Tag
 from jupyter_gpumem.tracking.decoding import DecodeWatch
 from jupyter_gpumem.tracking.namespace import named_storages
+from jupyter_gpumem.tracking.scopes import ModuleScopes
 
 
 def _now_us() -> int:
@@ -68,6 +70,8 @@ class Tagger:
         self._grad_hooked: set[int] = set()
         self._seen_modules: set[int] = set()
         self.decode = DecodeWatch(torch)
+        self.scopes = ModuleScopes(user_ns)
+        self._recomputing = False  # the open top-level call is a checkpoint's, in backward
         # True while torch.compile traces. Traced hooks do nothing but at a compiled root
         # call's entry and exit, where they call their eager selves (one graph break each),
         # so a compiled graph never guards, nor recompiles, on our bookkeeping.
@@ -101,6 +105,7 @@ class Tagger:
         self._grad_hooked.clear()
         self._seen_modules.clear()
         self._depth = 0
+        self.scopes.outside()
         self._mark("other")
 
     def resume(self, step: int) -> None:
@@ -169,12 +174,15 @@ class Tagger:
             if self._depth == 0 and self._compiled_root is None and self._enter_compiled:
                 self._enter_compiled(module, args)
             return
-        if self._depth == 0 and not in_backward(self.torch):  # not a checkpoint's recompute
+        if self._depth == 0:
+            self._recomputing = in_backward(self.torch)
+        if self._depth == 0 and not self._recomputing:  # not a checkpoint's recompute
             self.roots.setdefault(id(module), module)
             if boundary and self.on_boundary is not None:
                 self.on_boundary("forward", module, args)
                 if not self._handles:  # the boundary ended the detailed window
                     return
+            self.scopes.begin_forward(module)
         if id(module) not in self._seen_modules:
             self._adopt(module)
         if self._depth == 0:
@@ -188,6 +196,7 @@ class Tagger:
             self._mark("forward")
             for value in args:
                 self._tag(value, "inputs", now)
+        self.scopes.enter(module, self._recomputing)
         self._depth += 1
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
@@ -196,6 +205,7 @@ class Tagger:
                 self._exit_compiled(module, args, output)
             return
         self._depth = max(0, self._depth - 1)
+        self.scopes.leave()
         if self._depth == 0:
             if not self.torch.is_grad_enabled() and 0 <= self._root_mark < len(self.marks):
                 phase, cache = self.decode.after(module, output, self._fed_back)
@@ -211,17 +221,23 @@ class Tagger:
     def _pack(self, t: Any) -> Any:
         if self._compiling():
             return t
+        scope = self.scopes.current
         if not isinstance(t, self.torch.nn.Parameter):
-            self._tag(t, "activations", _now_us())
+            self._tag(t, "activations", _now_us(), scope)
         # Detached: keeping a saved output itself would tie it to its own grad_fn in a cycle
         # that no collector can break when backward never runs. Autograd restores grad_fn.
-        return t.detach()
+        # The call that saved it goes with it: unpacking it in backward says whose backward runs.
+        return t.detach(), scope
 
-    def _unpack(self, t: Any) -> Any:
+    def _unpack(self, packed: Any) -> Any:
+        if packed.__class__ is not tuple:  # packed while torch.compile traced
+            return packed
+        t, scope = packed
         if self._compiling():
             return t
         if self._phase != "backward" and self._depth == 0:
             self._mark("backward")
+        self.scopes.backward_of(scope)
         return t
 
     def _grad_done(self, p: Any) -> None:
@@ -230,23 +246,27 @@ class Tagger:
         if self._phase != "backward" and self._depth == 0:
             self._mark("backward")
         if p.grad is not None:
-            self._tag(p.grad, "gradients", _now_us())
+            self._tag(p.grad, "gradients", _now_us(), self.scopes.owner_of(p))
 
     # Optimizer hooks are global and iterated live by ``Optimizer.step``, so they cannot be
     # added or removed at a step boundary: the owner keeps one pair for the whole cell and
     # calls these while the tagger is active.
     def optimizer_step_pre(self, optimizer: Any) -> None:
         now = _now_us()
+        owner_of = self.scopes.owner_of
         for group in optimizer.param_groups:
             for p in group["params"]:
-                self._tag(p.grad, "gradients", now)
+                self._tag(p.grad, "gradients", now, owner_of(p))
+        self.scopes.outside()
         self._mark("optimizer")
 
     def optimizer_step_post(self, optimizer: Any) -> None:
         now = _now_us()
-        for state in optimizer.state.values():
+        owner_of = self.scopes.owner_of
+        for p, state in optimizer.state.items():
+            scope = owner_of(p)
             for value in state.values():
-                self._tag(value, "optimizer_state", now)
+                self._tag(value, "optimizer_state", now, scope)
         self._step += 1
         self._mark("other")
 
@@ -255,24 +275,26 @@ class Tagger:
         """Tag a module's parameters and buffers, and watch its gradients."""
         self._seen_modules.add(id(module))
         now = _now_us()
-        for p in module.parameters(recurse=False):
-            self._tag(p, "parameters", now)
+        params = list(module.parameters(recurse=False))
+        owner = self.scopes.own(module, params)
+        for p in params:
+            self._tag(p, "parameters", now, owner)
             if p.requires_grad and id(p) not in self._grad_hooked:
                 self._grad_hooked.add(id(p))
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_done))
         for b in module.buffers(recurse=False):
-            self._tag(b, "parameters", now)
+            self._tag(b, "parameters", now, owner)
         for child in module.children():
             if id(child) not in self._seen_modules:
                 self._adopt(child)
 
-    def _tag(self, value: Any, category: str, now: int) -> None:
+    def _tag(self, value: Any, category: str, now: int, scope: int = -1) -> None:
         if not isinstance(value, self.torch.Tensor):
             return
         flatten = getattr(type(value), "__tensor_flatten__", None)
         if flatten is not None:  # DTensor and other wrappers: their memory is what they wrap
             for name in flatten(value)[0]:
-                self._tag(getattr(value, name, None), category, now)
+                self._tag(getattr(value, name, None), category, now, scope)
             return
         try:
             storage = value.untyped_storage()
@@ -280,7 +302,7 @@ class Tagger:
         except (RuntimeError, NotImplementedError):
             return
         if address:
-            self.tags.append(Tag(address, category, now, storage.nbytes()))
+            self.tags.append(Tag(address, category, now, storage.nbytes(), scope))
 
     def _mark(self, phase: str) -> None:
         self._phase = phase

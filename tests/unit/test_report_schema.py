@@ -1,4 +1,4 @@
-"""Report schema 2: its fixture (a `generate` call) reads back and renders; its new names read well.
+"""Report schemas 2 and 3: the fixture (a `generate` call) reads back and renders; its new names read well.
 
 The fixture is shared with the labextension's jest and Galata tests, which read schema 1
 fixtures as well.
@@ -28,7 +28,7 @@ def _generate() -> dict[str, Any]:
 
 def test_the_generate_fixture_is_the_current_schema_and_reads_back() -> None:
     data = _generate()
-    assert SCHEMA == 2 and data["schema"] == SCHEMA
+    assert SCHEMA == 3 and data["schema"] == SCHEMA
     report = report_from_dict(data)
     assert report.schema == SCHEMA
     assert report.breakdown is not None and report.breakdown["kv_cache"] > 0
