@@ -23,6 +23,10 @@ size under the other precisions. Step times within ``TIE`` of the least count as
 then the plan that changes fewer things wins: a technique is not switched for noise.
 ``SAFETY`` of the budget is kept free for what the model does not see.
 
+``plan.block_bytes`` holds each candidate block's activation bytes at the peak of the run
+with nothing checkpointed, from that run's peak by module (``Report.by_module``); the
+reasoning gives them beside whether the plan checkpoints each block.
+
 Known limitations:
 
 - Blocks are checkpointed whole; candidates are the model's repeated blocks ("blocks").
@@ -42,9 +46,11 @@ from typing import Any
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
+from jupyter_gpumem.tuner.blocks_at_peak import block_activations
 from jupyter_gpumem.tuner.profile import StepProfile, profile_step
 from jupyter_gpumem.tuner.reasoning import (
     Option,
+    block_lines,
     choice_lines,
     fewer_line,
     label,
@@ -82,6 +88,9 @@ class Plan:
     reasoning: tuple[str, ...]
     fits: bool  # predicted to fit
     blocks: tuple[str, ...] = ()  # the candidates
+    # each candidate's activation bytes at the peak of the run with nothing checkpointed (under
+    # the plan's precision); empty where that run's report has no peak by module
+    block_bytes: dict[str, int] = field(default_factory=dict)
     measured_peak_bytes: int | None = None
     measured_step_s: float | None = None
     result: TrialResult | None = field(default=None, repr=False, compare=False)
@@ -121,6 +130,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "checkpoint": list(self.checkpoint),
             "blocks": list(self.blocks),
+            "block_bytes": dict(self.block_bytes),
             "precision": self.precision,
             "optimizer": self.optimizer,
             "configuration": str(self.config),
@@ -307,6 +317,10 @@ def plan(
     lines.extend(choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
     if chosen.chosen and chosen.precision in models:
         lines.extend(fewer_line(models[chosen.precision][0], chosen, limit))
+    unchecked = results.get(Config(precision=chosen.precision), base)
+    block_bytes = block_activations(unchecked.report, candidates) if ok(unchecked) else {}
+    activations = (unchecked.breakdown or {}).get("activations")
+    lines.extend(block_lines(block_bytes, chosen.chosen, candidates, chosen.precision, activations))
     if tie_note:
         lines.append(tie_note)
     if chosen.optimizer is not None:
@@ -322,6 +336,7 @@ def plan(
         tuple(lines),
         chosen.fits,
         candidates,
+        block_bytes,
         baseline=base,
         all_checkpointed=results.get(Config(checkpoint=candidates, precision=chosen.precision))
         if candidates

@@ -7,7 +7,7 @@ here, through :mod:`jupyter_gpumem.units`.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jupyter_gpumem.techniques import Config
@@ -142,6 +142,69 @@ def fewer_line(model: PeakModel, o: Option, limit: int) -> list[str]:
         f"No faster set of blocks is predicted to fit: without {model.blocks[drop].name}, the "
         f"peak would be {format_bytes(peak)}."
     ]
+
+
+BLOCK_GROUPS = 6  # more groups of alike blocks than this: one line for all of them
+
+
+def block_lines(
+    block_bytes: Mapping[str, int],
+    checkpoint: Sequence[str],
+    candidates: Sequence[str],
+    precision: str | None,
+    activations_bytes: int | None = None,
+) -> list[str]:
+    """Each block's activation bytes at the peak of the run with nothing checkpointed, and
+    whether the plan checkpoints it; consecutive blocks with the same figure share a line."""
+    shown = [n for n in candidates if n in block_bytes]
+    if not shown:
+        return []
+    under = f" under {precision}" if precision else ""
+    held = format_bytes(sum(block_bytes[n] for n in shown))
+    lines = [
+        f"Activations at the peak of the run with nothing checkpointed{under}: "
+        + (
+            f"{held} in the {len(shown)} blocks."
+            if activations_bytes is None
+            else f"{format_bytes(activations_bytes)}, {held} of it in the {len(shown)} blocks."
+        )
+    ]
+    groups: list[list[str]] = []
+    for name in shown:
+        if groups and block_bytes[groups[-1][-1]] == block_bytes[name]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    if len(groups) > BLOCK_GROUPS:
+        low = min(shown, key=block_bytes.__getitem__)
+        high = max(shown, key=block_bytes.__getitem__)
+        chosen = [n for n in shown if n in checkpoint]
+        lines.append(
+            f"  From {format_bytes(block_bytes[low])} ({low}) to "
+            f"{format_bytes(block_bytes[high])} ({high}) a block; "
+            + (f"checkpointed: {names(chosen, candidates)}." if chosen else "none checkpointed.")
+        )
+        return lines
+    for group in groups:
+        figure = format_bytes(block_bytes[group[0]])
+        if len(group) == 1:
+            lines.append(f"  {group[0]}: {figure}, {_kept(group, checkpoint, candidates)}.")
+        else:
+            lines.append(
+                f"  {group[0]} to {group[-1]}: {figure} each, "
+                f"{_kept(group, checkpoint, candidates)}."
+            )
+    return lines
+
+
+def _kept(group: Sequence[str], checkpoint: Sequence[str], candidates: Sequence[str]) -> str:
+    """``checkpointed``, ``kept``, or which of ``group`` are checkpointed."""
+    chosen = [n for n in group if n in checkpoint]
+    if not chosen:
+        return "kept"
+    if len(chosen) == len(group):
+        return "checkpointed"
+    return f"checkpointed: {names(chosen, candidates)}; the rest kept"
 
 
 SAME_UPDATE = {frozenset({"adamw", "adamw-fused"})}

@@ -8,7 +8,8 @@ cell with the configuration applied and reads that cell's report. Fit to budget,
 plans the blocks to checkpoint with precision and optimizer (`jupyter_gpumem.tuner.plan`),
 verifies the plan by a measured run and shows plan, prediction and measurement side by side;
 the panel then shows the plan, so Apply applies exactly it. Without a trial it picks among the
-measured rows. Every button calls a public
+measured rows. Beside each block's checkpoint toggle, a bar gives the block's activation bytes at
+the peak of the latest measured run (from its report's peak by module). Every button calls a public
 method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`), so notebooks and tests drive the
 same code; a button never lets an exception escape, it shows the message in the panel.
 
@@ -37,6 +38,7 @@ from jupyter_gpumem.session import collect
 from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
+from jupyter_gpumem.tuner.blocks_at_peak import block_activations
 from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
 from jupyter_gpumem.tuner.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.trial import Trial, TrialResult, cell_result
@@ -349,7 +351,7 @@ class Tuner(widgets.VBox):
         panel = Panel(
             title,
             [(f"{n}  ({type(kinds[n]).__name__})", n) for n in self._module_names],
-            len(first),
+            first,
             self.optimizer_name,
             precision_now=precision_name(self.model),
             optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
@@ -384,6 +386,18 @@ class Tuner(widgets.VBox):
 
     def _refresh(self) -> None:
         self.panel.show(self.rows)
+        self._show_blocks()
+
+    def _show_blocks(self) -> None:
+        """The block bars from the latest run whose report has the peak by module."""
+        names = self.panel.block_bars.names
+        for r in reversed(self.results):
+            figures = block_activations(r.report, names)
+            if figures:
+                status = "" if r.status == "ok" else f" ({r.status})"
+                self.panel.block_bars.update(figures, f"{r.label}{status}")
+                return
+        self.panel.block_bars.update({})
 
 
 def tune(

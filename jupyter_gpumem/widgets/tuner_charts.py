@@ -17,6 +17,7 @@ from bqplot import Axis, Bars, Figure, LinearScale, OrdinalScale, Scatter
 
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS
 from jupyter_gpumem.units import format_bytes
+from jupyter_gpumem.widgets.block_bars import BlockBars
 
 __all__ = [
     "AS_IS",
@@ -412,7 +413,7 @@ class Panel:
         self,
         title_html: str,
         modules: Sequence[tuple[str, str]],
-        n_blocks: int,
+        blocks: Sequence[str],
         optimizer: str,
         *,
         precision_now: str | None = None,
@@ -422,10 +423,13 @@ class Panel:
             options=list(modules),
             rows=8,
             description="checkpoint",
-            layout=widgets.Layout(width="60%"),
+            layout=widgets.Layout(width="34%"),
         )
+        # a toggle per block beside its activations at the peak, in step with the list
+        self.block_bars = BlockBars(blocks, CATEGORY_COLORS["activations"])
+        self.block_bars.follow(self.modules)
         self.all_blocks = widgets.Checkbox(
-            description=f"all {n_blocks} blocks", disabled=not n_blocks, indent=False
+            description=f"all {len(blocks)} blocks", disabled=not blocks, indent=False
         )
         self.every = widgets.BoundedIntText(value=1, min=1, max=10**6, description="every n-th")
         self.regex = widgets.Text(description="or regex", placeholder=r"e.g. h\.\d+")
@@ -466,7 +470,13 @@ class Panel:
         self.cell_output = widgets.Output()
         self.children: list[widgets.Widget] = [
             widgets.HTML(title_html),
-            widgets.HBox([self.modules, widgets.VBox([self.all_blocks, self.every, self.regex])]),
+            widgets.HBox(
+                [
+                    self.modules,
+                    *([self.block_bars.widget] if blocks else []),
+                    widgets.VBox([self.all_blocks, self.every, self.regex]),
+                ]
+            ),
             widgets.HBox([self.precision, self.optimizer]),
             widgets.HBox(list(self.buttons.values())),
             widgets.HBox(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from jupyter_gpumem.techniques import Config, blocks
 from jupyter_gpumem.tuner.plan import Plan, fit_plan, plan
 from jupyter_gpumem.tuner.profile import profile_step
 from jupyter_gpumem.tuner.trial import Trial
+from jupyter_gpumem.units import format_bytes
 
 D = 64
 
@@ -197,6 +199,78 @@ def test_a_model_without_blocks_is_planned_without_checkpointing() -> None:
     found = trial.plan(1, techniques=("checkpoint",))
     assert not found.fits and found.checkpoint == ()
     assert "no repeated blocks" in found.reasoning[1]
+
+
+def _activations(by_module: dict[str, dict[str, int]], name: str) -> int:
+    """A block's activations at the peak: its one call's, or the sum over ``name#k`` calls."""
+    calls = [k for k in by_module if k == name or k.startswith(f"{name}#")]
+    return sum(by_module[k].get("activations", 0) for k in calls)
+
+
+def test_the_reasoning_gives_each_blocks_activations_at_the_peak() -> None:
+    trial = _stack_trial()
+    base, every = _anchors(trial)
+    found = trial.plan((base + every) // 2, techniques=("checkpoint",))
+    assert found.baseline is not None and found.baseline.report is not None
+    by_module = found.baseline.report.by_module
+    assert by_module is not None
+    expected = {n: by_module[n]["activations"] for n in found.blocks}  # each block ran once
+    assert found.block_bytes == expected and min(expected.values()) > 0
+    assert found.to_dict()["block_bytes"] == expected
+    text = "\n".join(found.reasoning)
+    activations = found.baseline.report.breakdown["activations"]  # type: ignore[index]
+    assert (
+        f"{format_bytes(activations)}, {format_bytes(sum(expected.values()))} of it in the "
+        f"{len(expected)} blocks" in text
+    )
+    listed = [line for line in found.reasoning if line.startswith("  layers.")]
+    assert listed and len(listed) <= len(set(expected.values()))  # alike blocks share a line
+    for figure in set(expected.values()):
+        assert any(format_bytes(figure) in line for line in listed), (figure, listed)
+    # the first block of each line, and what the plan does with the first checkpointed one
+    firsts = [line.split()[0].rstrip(":") for line in listed]
+    assert firsts[0] == found.blocks[0] and set(firsts) <= set(found.blocks)
+    first = found.checkpoint[0]
+    assert any(first in line and "checkpointed" in line for line in listed)
+    assert any("kept" in line for line in listed)  # a strict subset: some blocks stay
+
+
+def test_block_bytes_sum_the_calls_of_a_block_run_twice() -> None:
+    class Twice(nn.Module):
+        """Four blocks, run through twice in each forward (a weight-shared recurrence)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(2):
+                for block in self.layers:
+                    x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Twice()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trial = Trial(model, torch.randn(128, D), lambda m, b: m(b).square().mean(),
+                  optimizer=opt, warmup=1, steps=1)  # fmt: skip
+    found = trial.plan("1TiB", techniques=("checkpoint",))
+    assert found.fits and found.checkpoint == ()
+    assert found.baseline is not None and found.baseline.report is not None
+    by_module = found.baseline.report.by_module
+    assert by_module is not None and "layers.1#1" in by_module  # the calls are told apart
+    assert found.block_bytes == {n: _activations(by_module, n) for n in found.blocks}
+    assert found.block_bytes["layers.1"] > by_module["layers.1#0"]["activations"]
+    assert "kept" in "\n".join(found.reasoning)
+
+
+def test_a_run_without_the_peak_by_module_leaves_the_blocks_out() -> None:
+    trial = _stack_trial()
+    run = trial._run
+    trial._run = lambda config: replace(run(config), report=None)  # type: ignore[method-assign]
+    found = trial.plan("1TiB", techniques=("checkpoint",))
+    assert found.fits and found.block_bytes == {} and found.to_dict()["block_bytes"] == {}
+    assert not any(line.startswith("Activations at the peak") for line in found.reasoning)
 
 
 @pytest.mark.parametrize(

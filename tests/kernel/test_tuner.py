@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,6 +141,9 @@ def test_rerun_of_the_gpumem_cell_appends_rows_from_its_reports(
     assert sgd["breakdown"]["optimizer_state"] == 0
     assert sgd["delta_peak_bytes"] == sgd["peak_bytes"] - base["peak_bytes"] < 0
     assert sgd["step_ms"] > 0
+    bars = tuner.panel.block_bars  # the re-run cell's report gives the blocks' figures
+    assert report.by_module is not None and "sgd" in bars.caption.value
+    assert bars.figures == {n: report.by_module[n]["activations"] for n in bars.names}
 
 
 def test_compare_on_the_cell_keeps_the_panel_state(
@@ -344,6 +348,49 @@ def test_set_and_config_round_trip_and_the_charts_follow_the_rows(
     assert list(tuner.panel.breakdown.bars.x) == labels
     assert list(tuner.panel.tradeoff.points.names) == labels
     assert tuner.panel.progress.value == tuner.panel.progress.max == 2
+
+
+def _share(bar_html: str) -> float:
+    """How much of its track a bar fills, in percent."""
+    found = re.search(r"width:([\d.]+)%", bar_html)
+    assert found is not None, bar_html
+    return float(found.group(1))
+
+
+def test_block_bars_show_each_blocks_activations_and_drop_for_a_checkpointed_one(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    bars = tuner.panel.block_bars
+    names = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+    assert bars.names == names
+    assert bars.figures == {} and "run to measure" in bars.caption.value
+    base = tuner.rerun()
+    assert isinstance(base, TrialResult) and base.report is not None
+    before = base.report.by_module
+    assert before is not None
+    assert bars.figures == {n: before[n]["activations"] for n in names}
+    assert min(bars.figures.values()) > 0 and "baseline" in bars.caption.value
+    top = max(bars.figures.values())
+    for name, n in bars.figures.items():
+        assert format_bytes(n) in bars.bars[name].value
+        assert _share(bars.bars[name].value) == pytest.approx(100 * n / top, abs=0.05)
+
+    bars.toggles["blocks.1"].value = True  # the toggle beside the bar picks the block
+    assert tuner.panel.modules.value == ("blocks.1",)
+    assert tuner.config == Config(checkpoint=("blocks.1",))
+    ckpt = tuner.rerun()
+    assert isinstance(ckpt, TrialResult) and ckpt.report is not None
+    after = ckpt.report.by_module
+    assert after is not None
+    assert bars.figures == {n: after.get(n, {}).get("activations", 0) for n in names}
+    assert bars.figures["blocks.1"] < before["blocks.1"]["activations"]
+    assert _share(bars.bars["blocks.1"].value) < _share(bars.bars["blocks.0"].value)
+    assert "ckpt blocks.1" in bars.caption.value
+
+    tuner.set(Config(checkpoint=("blocks.2", "head")))  # the list moves the toggles too
+    assert [n for n, box in bars.toggles.items() if box.value] == ["blocks.2"]
+    assert tuner.config == Config(checkpoint=("blocks.2", "head"))
 
 
 def test_dropdowns_show_the_model_as_it_is(shell: InteractiveShell, ns: dict[str, Any]) -> None:
