@@ -2,8 +2,8 @@
 
 A reference for the peak by module: ``saved_tensors_hooks`` note every storage saved while a
 module's forward is the innermost one open (forward pre- and post-hooks on the modules asked
-about), first saver wins; parameters are left out, as ``%%gpumem`` leaves them out of
-activations.
+about), first saver wins. Parameters' storages are left out, views of them included (``F.linear``
+saves its weight transposed), as ``%%gpumem`` leaves them out of activations.
 """
 
 from __future__ import annotations
@@ -22,12 +22,20 @@ def saved_bytes_by_module(
     stack: list[str] = []
     first: dict[tuple[str, int], tuple[str, int]] = {}  # storage -> (saver, bytes)
 
+    weights = {
+        (str(p.device), p.untyped_storage().data_ptr())
+        for module in modules.values()
+        for p in [*module.parameters(), *module.buffers()]
+    }
+
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if stack and not isinstance(t, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if stack and key not in weights:
             first.setdefault(key, (stack[-1], storage.nbytes()))
-        return t
+        # Detached: a saved output kept as itself would hold its own grad_fn in a cycle, and
+        # the graph would outlive the result when no backward runs.
+        return t.detach()
 
     def enter(name: str) -> Callable[..., None]:
         return lambda module, args: stack.append(name)
