@@ -11,13 +11,15 @@ import { breakdownSegments } from './categories';
 import { StackedBar } from './charts';
 import { LargestFreed, LeakHints, OomSection, TensorTable } from './findings';
 import { formatBytes, formatSeconds, unitPreference, Units } from './format';
+import { ModuleSection } from './modules';
 import { RankSection } from './ranks';
 import { TimelineChart } from './timeline';
 import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE, REPORT_SCHEMAS } from './types';
 
 export { breakdownSegments, CATEGORY_LABELS } from './categories';
 
-function deviceId(device: IReportDevice): string {
+/** A report device's id: `cuda:0`, `cpu` (older reports name only the index). */
+export function deviceId(device: IReportDevice): string {
   return device.device ?? `cuda:${device.index}`;
 }
 
@@ -96,7 +98,10 @@ function Metric(props: { label: string; value: string; over?: boolean }): JSX.El
   );
 }
 
-/** One device's out-of-memory section, timeline, breakdown at the peak and tensors. */
+/**
+ * One device's out-of-memory section, timeline, breakdown at the peak, the peak by module
+ * (report schema 3) and tensors.
+ */
 function DeviceDetails(props: { device: IReportDevice; units: Units }): JSX.Element {
   const { device, units } = props;
   const id = deviceId(device);
@@ -125,6 +130,15 @@ function DeviceDetails(props: { device: IReportDevice; units: Units }): JSX.Elem
           />
         </div>
       ) : null}
+      {device.module_tree && (
+        <ModuleSection
+          tree={device.module_tree}
+          largest={device.largest_module ?? null}
+          device={id}
+          label={deviceLabel(device)}
+          units={units}
+        />
+      )}
       {(alive.length > 0 || freed) && (
         <div className="jp-GpuMem-tensors">
           <div className="jp-GpuMem-sectionTitle">Tensors the cell left alive on {id}</div>
@@ -172,9 +186,10 @@ export function schemaWarning(report: IReport): string[] {
   if (report.schema === undefined || report.schema <= newest) {
     return [];
   }
+  const known = `${REPORT_SCHEMAS.slice(0, -1).join(', ')} and ${newest}`;
   return [
     `this report has schema ${report.schema}, newer than this extension reads ` +
-      `(${REPORT_SCHEMAS.join(' and ')}): names it does not know show plainly; ` +
+      `(${known}): names it does not know show plainly; ` +
       'update jupyter-gpumem where JupyterLab runs'
   ];
 }
@@ -190,7 +205,7 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
     ...schemaWarning(report)
   ];
   return (
-    <div className="jp-GpuMem-reportView">
+    <div className="jp-GpuMem-reportView" data-report-id={report.id}>
       <div className="jp-GpuMem-reportHeader">
         <span className="jp-GpuMem-reportTitle">
           %%gpumem{report.name ? ` ${report.name}` : ''}

@@ -4,7 +4,8 @@
  * - the `%%gpumem` report mime bundle (`jupyter_gpumem/report/record.py` `Report.to_dict()`;
  *   `tests/fixtures/report.json`, and `tests/fixtures/report_gpu_training_step.json`
  *   recorded on a GPU with the timeline, tensors and leak hints, both schema 1;
- *   `tests/fixtures/report_gpu_generate.json`, schema 2, a `generate` call).
+ *   `tests/fixtures/report_gpu_generate.json`, a `generate` call, and
+ *   `tests/fixtures/report_cpu_gpt_step.json`, a GPT-2 training step, both schema 3).
  *
  * Bytes are integers, seconds floats, and an unknown value is `null` (never 0).
  * The parse functions check the shape once at the boundary so that the UI can
@@ -17,10 +18,11 @@ export const REPORT_MIME_TYPE = 'application/vnd.jupyter-gpumem.report+json';
 /**
  * The report schemas this extension reads (`SCHEMA` in `report/record.py`). Schema 2 has
  * the same shape as 1 and more names: the kv_cache, library_workspace and cuda_graph_pool
- * categories and the prefill and decode phases. A newer schema is read all the same
- * (unknown names show plainly) and the report says so (`schemaWarning`).
+ * categories and the prefill and decode phases. Schema 3 adds each device's
+ * `module_tree` and `largest_module` (the peak by module). A newer schema is read all the
+ * same (unknown names show plainly) and the report says so (`schemaWarning`).
  */
-export const REPORT_SCHEMAS: ReadonlyArray<number> = [1, 2];
+export const REPORT_SCHEMAS: ReadonlyArray<number> = [1, 2, 3];
 
 /** `GET /jupyter-gpumem/api/health` */
 export interface IHealth {
@@ -160,6 +162,25 @@ export interface ILeakHint {
   where: string[];
 }
 
+/**
+ * One module at the peak (`ModuleBytes` in `analysis/by_module.py`): bytes by category,
+ * its children's included. The root's path is `""` (the model) and its bytes are the
+ * device's breakdown; a module called more than once in one forward reads `block#0`,
+ * `block#1`, and its children `block.fc#0`. Children come in the order the modules ran.
+ */
+export interface IModuleNode {
+  path: string;
+  /** Category (the breakdown's names) -> bytes, nonzero only. */
+  bytes: IBreakdown;
+  children: IModuleNode[];
+}
+
+/** The module (not the root) whose own bytes, its children's taken out, are the most. */
+export interface ILargestModule {
+  path: string;
+  bytes: number;
+}
+
 /** One device of a `%%gpumem` report. */
 export interface IReportDevice {
   device?: string;
@@ -181,6 +202,9 @@ export interface IReportDevice {
   timeline: ITimeline | null;
   tensors: ITensorRecord[];
   oom: IOomInfo | null;
+  /** The peak by module (schema 3); null where no module ran, absent in older reports. */
+  module_tree?: IModuleNode | null;
+  largest_module?: ILargestModule | null;
 }
 
 /** The `%%gpumem` report (`application/vnd.jupyter-gpumem.report+json`). */
@@ -468,6 +492,32 @@ function parseLeakHint(value: unknown, path: string): ILeakHint {
   };
 }
 
+function parseModuleNode(value: unknown, path: string): IModuleNode {
+  const o = object(value, path);
+  return {
+    path: optStr(o.path, `${path}.path`) ?? '',
+    bytes: parseBreakdown(o.bytes, `${path}.bytes`) ?? {},
+    children: array(o.children ?? [], `${path}.children`).map((c, i) =>
+      parseModuleNode(c, `${path}.children[${i}]`)
+    )
+  };
+}
+
+function parseModuleTree(value: unknown, path: string): IModuleNode | null {
+  return value === null || value === undefined ? null : parseModuleNode(value, path);
+}
+
+function parseLargestModule(value: unknown, path: string): ILargestModule | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  const o = object(value, path);
+  return {
+    path: optStr(o.path, `${path}.path`) ?? '',
+    bytes: num(o.bytes, `${path}.bytes`)
+  };
+}
+
 function parseReportDevice(value: unknown, path: string): IReportDevice {
   const o = object(value, path);
   const opt = (key: string) => optNum(o[key], `${path}.${key}`);
@@ -490,7 +540,9 @@ function parseReportDevice(value: unknown, path: string): IReportDevice {
     peak_step: opt('peak_step'),
     timeline: parseTimeline(o.timeline, `${path}.timeline`),
     tensors: tensors(o.tensors, `${path}.tensors`),
-    oom: parseOom(o.oom, `${path}.oom`)
+    oom: parseOom(o.oom, `${path}.oom`),
+    module_tree: parseModuleTree(o.module_tree, `${path}.module_tree`),
+    largest_module: parseLargestModule(o.largest_module, `${path}.largest_module`)
   };
 }
 

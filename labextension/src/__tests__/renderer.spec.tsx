@@ -199,9 +199,9 @@ describe('ReportView with the timeline, tensors, OOM and leak hints', () => {
 });
 
 describe('ReportView across report schemas', () => {
-  it('shows a schema 2 generate call: a KV cache segment, prefill and decode bands', () => {
+  it('shows a generate call: a KV cache segment, prefill and decode bands', () => {
     const report = parseReport(fixture('report_gpu_generate.json'));
-    expect(report.schema).toBe(2);
+    expect(report.schema).toBe(3);
     const host = render(<ReportView report={report} units="GiB" />);
     const kv = host.querySelector('.jp-GpuMem-stackedBar .jp-GpuMem-seg-14');
     expect(kv).not.toBeNull();
@@ -211,6 +211,7 @@ describe('ReportView across report schemas', () => {
     expect(legend).toContain('Prefill');
     expect(legend).toContain('Decode');
     expect(host.querySelector('.jp-GpuMem-messages.jp-mod-warning')).toBeNull();
+    expect(host.querySelector('.jp-GpuMem-modules')).not.toBeNull();
   });
 
   it('still shows schema 1 reports, without a schema warning', () => {
@@ -227,14 +228,14 @@ describe('ReportView across report schemas', () => {
 
   it('says when a report is newer than this extension reads, and shows it all the same', () => {
     const raw = fixture('report_gpu_generate.json');
-    raw.schema = 3;
+    raw.schema = 4;
     raw.devices[0].breakdown.tensor_parallel_shards = 1024;
     const report = parseReport(raw);
     expect(schemaWarning(report)).toHaveLength(1);
     expect(schemaWarning(parseReport(fixture('report.json')))).toEqual([]);
     const host = render(<ReportView report={report} units="GiB" />);
     expect(host.querySelector('.jp-GpuMem-messages.jp-mod-warning')?.textContent).toContain(
-      'this report has schema 3, newer than this extension reads (1 and 2)'
+      'this report has schema 4, newer than this extension reads (1, 2 and 3)'
     );
     expect(host.querySelector('.jp-GpuMem-breakdown')?.textContent).toContain(
       'tensor parallel shards'

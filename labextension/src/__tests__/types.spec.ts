@@ -196,9 +196,9 @@ describe('parseReport', () => {
     expect(device.cache_bytes).toBeNull();
   });
 
-  it('reads schema 2: a generate call with its KV cache, prefill and decode', () => {
+  it('reads a generate call with its KV cache, prefill and decode', () => {
     const report = parseReport(fixture('report_gpu_generate.json'));
-    expect(report.schema).toBe(2);
+    expect(report.schema).toBe(3);
     expect(report.name).toBe('generate');
     const device = report.devices[0];
     expect(device.breakdown?.kv_cache).toBeGreaterThan(0);
@@ -211,12 +211,55 @@ describe('parseReport', () => {
     expect(phases.filter(p => p === 'decode').length).toBeGreaterThan(1);
   });
 
-  it('reads schema 1 and 2, and a newer schema leniently; refuses what is no schema', () => {
-    expect(REPORT_SCHEMAS).toEqual([1, 2]);
+  it("reads schema 3: each device's module tree and largest module", () => {
+    const device = parseReport(fixture('report_cpu_gpt_step.json')).devices[0];
+    const tree = device.module_tree!;
+    expect(tree.path).toBe('');
+    expect(tree.bytes).toEqual(
+      Object.fromEntries(Object.entries(device.breakdown!).filter(([, n]) => n !== 0))
+    );
+    expect(tree.children.map(c => c.path)).toEqual(['transformer', 'lm_head']);
+    const h0 = tree.children[0].children.find(c => c.path === 'transformer.h.0')!;
+    expect(h0.children.map(c => c.path)).toEqual([
+      'transformer.h.0.ln_1',
+      'transformer.h.0.attn',
+      'transformer.h.0.ln_2',
+      'transformer.h.0.mlp'
+    ]);
+    expect(h0.bytes.activations).toBe(22036480);
+    expect(device.largest_module).toEqual({ path: 'transformer.h.0.mlp.act', bytes: 8388608 });
+
+    const generate = parseReport(fixture('report_gpu_generate.json')).devices[0];
+    expect(generate.module_tree?.bytes.kv_cache).toBe(generate.breakdown?.kv_cache);
+    expect(generate.largest_module?.path).toBe('transformer.h.1.attn');
+  });
+
+  it('reads a device without modules, and refuses a module tree of the wrong shape', () => {
+    const bare = parseReport({ status: 'ok', devices: [{ index: 0 }] }).devices[0];
+    expect(bare.module_tree).toBeNull();
+    expect(bare.largest_module).toBeNull();
+    const old = parseReport(fixture('report.json')).devices[0];
+    expect([old.module_tree, old.largest_module]).toEqual([null, null]);
+    const tree = (children: unknown) => ({
+      status: 'ok',
+      devices: [{ index: 0, module_tree: { path: '', bytes: { activations: 2 }, children } }]
+    });
+    expect(() => parseReport(tree([{ path: 'a', bytes: { activations: '1' } }]))).toThrow(
+      'expected a number at .devices[0].module_tree.children[0].bytes.activations'
+    );
+    expect(() => parseReport(tree({}))).toThrow('.devices[0].module_tree.children');
+    expect(() =>
+      parseReport({ status: 'ok', devices: [{ index: 0, largest_module: { path: 'a' } }] })
+    ).toThrow('.devices[0].largest_module.bytes');
+  });
+
+  it('reads schema 1 to 3, and a newer schema leniently; refuses what is no schema', () => {
+    expect(REPORT_SCHEMAS).toEqual([1, 2, 3]);
     expect(parseReport(fixture('report.json')).schema).toBe(1);
     expect(parseReport(fixture('report_gpu_training_step.json')).schema).toBe(1);
+    expect(parseReport(fixture('report_cpu_gpt_step.json')).schema).toBe(3);
     expect(parseReport({ status: 'ok' }).schema).toBeUndefined();
-    expect(parseReport({ status: 'ok', schema: 3 }).schema).toBe(3);
+    expect(parseReport({ status: 'ok', schema: 4 }).schema).toBe(4);
     for (const schema of [0, 1.5, '2']) {
       expect(() => parseReport({ status: 'ok', schema })).toThrow('.schema');
     }
