@@ -12,6 +12,7 @@ import { INotebookModel, INotebookTracker, NotebookPanel } from '@jupyterlab/not
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { IModuleTarget, showModule } from './modules';
 import { IReport, parseReport, REPORT_MIME_TYPE } from './types';
 
 /** One report found in a notebook. */
@@ -339,8 +340,11 @@ export class NotebookReports implements IDisposable {
     this._changed.emit();
   }
 
-  /** Select, scroll to and focus the cell that holds a report. */
-  reveal(entry: IReportEntry): boolean {
+  /**
+   * Select and scroll to the cell that holds a report; with `module`, then have the
+   * report's module section open, zoom to and mark that module (scrolling to its row).
+   */
+  reveal(entry: IReportEntry, module?: IModuleTarget): boolean {
     const panel = this._notebook;
     if (!panel) {
       return false;
@@ -352,7 +356,16 @@ export class NotebookReports implements IDisposable {
     }
     panel.content.activeCellIndex = index;
     panel.content.deselectAll();
-    void panel.content.scrollToItem(index, 'smart');
+    const scrolled = panel.content.scrollToItem(index, 'smart');
+    if (module) {
+      // The cell's outputs are attached once it is scrolled to (windowed notebooks).
+      void scrolled.then(() => {
+        const cell = panel.content.widgets.find(c => c.model.id === entry.cellId);
+        if (cell && !cell.isDisposed) {
+          showModule(cell.node, { reportId: entry.report.id, ...module });
+        }
+      });
+    }
     return true;
   }
 

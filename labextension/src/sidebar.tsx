@@ -19,7 +19,8 @@ import {
 } from './format';
 import { GpuModel, IPoint } from './model';
 import { STARTING_REASON, whyNoGpu } from './nogpu';
-import { mainDevice } from './renderer';
+import { IModuleTarget } from './modules';
+import { deviceId, mainDevice } from './renderer';
 import { IReportEntry, NotebookReports } from './reports';
 import { IDevice, IKernelHost, IKernelProcesses, IProcess, ISample } from './types';
 
@@ -36,7 +37,8 @@ export interface ISidebarProps {
   kernelHost: IKernelHost | null;
   notebookTitle: string | null;
   reports: ReadonlyArray<IReportEntry>;
-  onReveal: (entry: IReportEntry) => void;
+  /** Show a report's cell; with `module`, that module in the report's tree. */
+  onReveal: (entry: IReportEntry, module?: IModuleTarget) => void;
   units: Units;
 }
 
@@ -156,6 +158,18 @@ export function peakOf(entry: IReportEntry): { bytes: number | null; cpu: boolea
 }
 
 /**
+ * The largest module (by its own bytes) of a report's main device, where the report
+ * has the peak by module (schema 3).
+ */
+export function largestModuleOf(
+  entry: IReportEntry
+): { device: string; path: string; bytes: number } | null {
+  const main = mainDevice(entry.report);
+  const largest = main?.largest_module;
+  return main && largest ? { device: deviceId(main), ...largest } : null;
+}
+
+/**
  * The resident host memory of the active notebook's kernel (its process tree),
  * against the machine's memory. The only live gauge when there is no GPU.
  */
@@ -226,7 +240,7 @@ function NoGpu(props: { reason: string | null }): JSX.Element {
 function ReportList(props: {
   notebookTitle: string | null;
   reports: ReadonlyArray<IReportEntry>;
-  onReveal: (entry: IReportEntry) => void;
+  onReveal: (entry: IReportEntry, module?: IModuleTarget) => void;
   units: Units;
 }): JSX.Element {
   return (
@@ -243,6 +257,7 @@ function ReportList(props: {
           {props.reports.map((entry, i) => {
             const r = entry.report;
             const peak = peakOf(entry);
+            const largest = largestModuleOf(entry);
             return (
               <li key={`${entry.cellId}:${i}`}>
                 <button
@@ -264,6 +279,21 @@ function ReportList(props: {
                     {peak.cpu ? ' (CPU)' : ''} · {formatSeconds(r.wall_s)}
                   </span>
                 </button>
+                {largest && (
+                  <button
+                    className="jp-GpuMem-reportModule"
+                    onClick={() =>
+                      props.onReveal(entry, { device: largest.device, path: largest.path })
+                    }
+                    title={`Show ${largest.path} in this report's modules`}
+                  >
+                    <span className="jp-GpuMem-reportModuleLabel">largest:</span>
+                    <span className="jp-GpuMem-reportModulePath">{largest.path}</span>
+                    <span className="jp-GpuMem-reportModuleBytes">
+                      {formatBytes(largest.bytes, props.units)}
+                    </span>
+                  </button>
+                )}
               </li>
             );
           })}
@@ -388,8 +418,8 @@ export class GpuSidebar extends ReactWidget {
         kernelHost={model.kernelHost}
         notebookTitle={reports.notebook?.title.label ?? null}
         reports={reports.entries}
-        onReveal={entry => {
-          if (reports.reveal(entry)) {
+        onReveal={(entry, module) => {
+          if (reports.reveal(entry, module)) {
             this._options.onReveal?.(entry);
           }
         }}

@@ -2,7 +2,7 @@ import * as React from 'react';
 
 import { IPoint } from '../model';
 import { collectReports, IReportEntry } from '../reports';
-import { ISidebarProps, peakOf, SidebarView } from '../sidebar';
+import { ISidebarProps, largestModuleOf, peakOf, SidebarView } from '../sidebar';
 import { statusText } from '../statusbar';
 import { IKernelHost, parseSample, REPORT_MIME_TYPE } from '../types';
 import { click, fixture, HOSTILE, render } from './helpers';
@@ -229,6 +229,33 @@ describe('SidebarView', () => {
     click(items[1]);
     expect(onReveal).toHaveBeenCalledTimes(1);
     expect((onReveal.mock.calls[0][0] as IReportEntry).cellId).toBe('a');
+  });
+
+  it("links a report to its largest module, and reveals that module on click", () => {
+    const gpt = fixture('report_cpu_gpt_step.json');
+    const reports = collectReports([
+      reportCell('old', fixture('report.json')),
+      reportCell('gpt', gpt)
+    ]);
+    const onReveal = jest.fn();
+    const host = render(
+      <SidebarView {...props({ notebookTitle: 'gpt.ipynb', reports, onReveal })} />
+    );
+    const links = host.querySelectorAll('.jp-GpuMem-reportModule');
+    // Only the schema 3 report has modules.
+    expect(links).toHaveLength(1);
+    expect(links[0].textContent).toBe('largest:transformer.h.0.mlp.act8 MiB');
+    expect(largestModuleOf(reports[0])).toEqual({
+      device: 'cpu',
+      path: 'transformer.h.0.mlp.act',
+      bytes: 8388608
+    });
+    expect(largestModuleOf(reports[1])).toBeNull();
+    click(links[0]);
+    expect(onReveal).toHaveBeenCalledTimes(1);
+    const [entry, module] = onReveal.mock.calls[0];
+    expect((entry as IReportEntry).cellId).toBe('gpt');
+    expect(module).toEqual({ device: 'cpu', path: 'transformer.h.0.mlp.act' });
   });
 
   it('asks for a notebook when none is open', () => {
