@@ -124,9 +124,9 @@ function gpuNotebook(): string {
 }
 
 /**
- * A `generate` call's report (schema 2): its breakdown has a KV cache, its timeline a
- * prefill band and decode bands. Only its structure is checked, not its numbers: the
- * fixture may be re-recorded (on the CPU now, on a GPU later).
+ * A `generate` call's report (schema 3): its breakdown has a KV cache, its timeline a
+ * prefill band and decode bands, and it has the peak by module. Only its structure is checked,
+ * not its numbers: the fixture may be re-recorded (on the CPU now, on a GPU later).
  */
 function generateNotebook(): string {
   const report = fixture('report_gpu_generate.json');
@@ -433,8 +433,12 @@ test.describe('jupyter-gpumem', () => {
         .evaluate(e => getComputedStyle(e).fill)
     });
 
+    // The peak by module (schema 3) is part of the report.
+    await expect(view.locator('.jp-GpuMem-modules')).toHaveCount(1);
+
     fs.mkdirSync(SHOTS, { recursive: true });
     await page.sidebar.close('left');
+    await page.setViewportSize({ width: 1440, height: 1300 }); // the report whole
     const seen: Record<string, { kv: string; prefill: string; decode: string }> = {};
     for (const theme of ['light', 'dark'] as const) {
       if (theme === 'dark') {
