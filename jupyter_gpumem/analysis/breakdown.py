@@ -45,6 +45,7 @@ _PRIORITY = {
 }  # fmt: skip
 NO_LIBRARY = LibraryMemory()
 CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this
+MIN_CLOCK_READINGS = 20  # tags that tell the lag of Python's clock behind the allocator's
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def categorize(
         by_address.setdefault(tag.address, []).append(tag)
     touched = {ev.address for ev in events}
     lives = storage_lives(events, start_blocks, {b.address for b in blocks} & touched)
+    shift = clock_shift(by_address, lives, events, clock_slack_us)
     standing = _standing(by_address, named)
     scoped = _standing_scopes(by_address, standing) if modules is not None else {}
     out = dict.fromkeys(CATEGORIES, 0)
@@ -116,7 +118,9 @@ def categorize(
             category = standing.get(block.address) or unclaimed(block.address, request, None)
             scope = scoped.get(block.address, OUTSIDE)
         else:
-            category, scope = _category(block, events, by_address, lives, named, clock_slack_us)
+            category, scope = _category(
+                block, events, by_address, lives, named, clock_slack_us, shift
+            )
             if category == "unattributed":
                 origin = events[block.event_index] if block.event_index >= 0 else None
                 category = unclaimed(block.address, request, origin)
@@ -169,6 +173,38 @@ def _standing_scopes(
                 out[address] = tag.scope
                 break
     return out
+
+
+def clock_shift(
+    by_address: Mapping[int, list[Tag]],
+    lives: Mapping[int, AddressLives],
+    events: Sequence[TraceEvent],
+    slack: int,
+) -> int:
+    """Microseconds to add to the tags' times to bring them to the events' clock.
+
+    A tag is made after its storage was allocated. Where an address held one storage in the
+    window, born in it, its first tag of that size says how far the tag's clock trails the
+    allocator's, if it reads before the birth. The lag is read low in the spread of at least
+    ``MIN_CLOCK_READINGS`` readings (the 5th percentile), so a stray tag of an older storage
+    does not set it, and is at most ``slack``. Without it, a storage freed and one of the same size allocated at
+    its address microseconds later could trade a tag made just after the second was born.
+    """
+    if slack <= 0:
+        return 0
+    readings = []
+    for address, at in lives.items():
+        if len(at.allocs) != 1 or at.allocs[0] < 0:
+            continue
+        born = events[at.allocs[0]]
+        first = next((t for t in by_address.get(address, ()) if t.nbytes == born.size), None)
+        if first is not None:
+            readings.append(first.time_us - born.time_us)
+    if len(readings) < MIN_CLOCK_READINGS:
+        return 0
+    readings.sort()
+    low = readings[len(readings) // 20]
+    return min(max(0, -low), slack)
 
 
 class StorageLife(NamedTuple):
@@ -243,8 +279,10 @@ def _category(
     lives: Mapping[int, AddressLives],
     named: Mapping[int, NamedStorage],
     slack: int,
+    shift: int = 0,
 ) -> tuple[str, int]:
-    """The block's category, and the module call its winning tag names (``OUTSIDE``: none)."""
+    """The block's category, and the module call its winning tag names (``OUTSIDE``: none);
+    ``shift`` is added to the tags' times (see :func:`clock_shift`)."""
     at = lives.get(block.address)
     k = at.index.get(block.event_index) if at is not None else None
     own, before, after = StorageLife(None, None, None), None, None
@@ -254,19 +292,21 @@ def _category(
     valid = []
     near = by_address.get(block.address, [])
     if own.born_us is not None:  # tags in time order: skip those long before this storage
-        near = near[bisect.bisect_left(near, own.born_us - slack, key=lambda t: t.time_us) :]
+        first = own.born_us - slack - shift
+        near = near[bisect.bisect_left(near, first, key=lambda t: t.time_us) :]
     for tag in near:
-        if own.freed_us is not None and tag.time_us > own.freed_us + slack:
+        t = tag.time_us + shift
+        if own.freed_us is not None and t > own.freed_us + slack:
             break
         if not own.holds(tag.nbytes):
             continue
-        d = own.distance(tag.time_us)
+        d = own.distance(t)
         if d > slack:
             continue
         # a neighbour nearer the tag's time holds it (on a tie, the later storage)
-        if before is not None and before.holds(tag.nbytes) and before.distance(tag.time_us) < d:
+        if before is not None and before.holds(tag.nbytes) and before.distance(t) < d:
             continue
-        if after is not None and after.holds(tag.nbytes) and after.distance(tag.time_us) <= d:
+        if after is not None and after.holds(tag.nbytes) and after.distance(t) <= d:
             continue
         valid.append(tag)
     if valid:
