@@ -106,8 +106,8 @@ class ModuleScopes:
             name = self._names.get(id(module), type(module).__name__)
             record = self._owners[id(module)] = len(self.calls)
             self.calls.append(ModuleCall(name, -1, OUTSIDE))
-        for p in parameters:
-            self._params[id(p)] = record
+        for p in parameters:  # a tied weight belongs to its first owner, as in named_parameters()
+            self._params.setdefault(id(p), record)
         return record
 
     def owner_of(self, parameter: Any) -> int:

@@ -278,7 +278,7 @@ class Tagger:
         params = list(module.parameters(recurse=False))
         owner = self.scopes.own(module, params)
         for p in params:
-            self._tag(p, "parameters", now, owner)
+            self._tag(p, "parameters", now, self.scopes.owner_of(p))
             if p.requires_grad and id(p) not in self._grad_hooked:
                 self._grad_hooked.add(id(p))
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_done))

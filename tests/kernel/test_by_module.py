@@ -135,3 +135,19 @@ def test_a_report_without_module_calls_has_no_tree(shell: InteractiveShell) -> N
     r = shell.user_ns["r"]
     assert r.module_tree is None and r.by_module is None
     assert r.to_dict()["devices"][0]["module_tree"] is None
+
+
+def test_a_tied_weight_and_its_state_belong_to_its_first_owner(gpt: InteractiveShell) -> None:
+    # GPT-2 ties lm_head.weight to transformer.wte.weight: named_parameters() names it once, wte
+    cell = """%%gpumem -o r --quiet
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(batch, labels=batch).loss.backward()
+    opt.step()
+"""
+    assert gpt.run_cell(cell).success
+    r = gpt.user_ns["r"]
+    nbytes = gpt.user_ns["model"].transformer.wte.weight.untyped_storage().nbytes()
+    wte = r.by_module["transformer.wte"]
+    assert wte["parameters"] == nbytes and wte["optimizer_state"] == 2 * nbytes + 4
+    assert "optimizer_state" not in r.by_module.get("lm_head", {})
