@@ -49,7 +49,9 @@ torch.cuda.synchronize()
 """
 
 
-def _measure(shell: InteractiveShell, setup: str, name: str) -> None:
+def _measure(shell: InteractiveShell, setup: str, name: str) -> dict[str, float]:
+    """Train 3 steps under ``%%gpumem``; each block's relative error against its saved bytes,
+    after the checks every model shares (exact peak, root = breakdown, nesting)."""
     import torch
 
     assert shell.run_cell(setup).success
@@ -87,16 +89,18 @@ def _measure(shell: InteractiveShell, setup: str, name: str) -> None:
     assert r.breakdown["unattributed"] <= 0.02 * r.peak_allocated_bytes, r.notes
     assert r.by_module[""] == {k: v for k, v in r.breakdown.items() if v}
     assert min(expected.values()) > 0
-    assert all(abs(e) <= 0.02 for e in errors.values()), errors
     for module in r.module_tree.walk():  # a module holds at least its children's bytes
         assert all(n > 0 for n in module.own().values()), module.path
+    return errors
 
 
 def test_gpt2_blocks_at_the_peak_hold_what_their_forwards_saved(shell: InteractiveShell) -> None:
     pytest.importorskip("transformers")
-    _measure(shell, GPT2, "gpt2")
+    errors = _measure(shell, GPT2, "gpt2")
+    assert len(errors) == 12 and all(abs(e) <= 0.02 for e in errors.values()), errors
 
 
 def test_vit_blocks_at_the_peak_hold_what_their_forwards_saved(shell: InteractiveShell) -> None:
     pytest.importorskip("torchvision")
-    _measure(shell, VIT, "vit_b_16")
+    errors = _measure(shell, VIT, "vit_b_16")
+    assert len(errors) == 12 and all(abs(e) <= 0.02 for e in errors.values()), errors
