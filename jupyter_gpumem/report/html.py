@@ -98,12 +98,12 @@ def _modules_html(tree: ModuleBytes) -> str:
         parts = sorted(m.bytes.items(), key=lambda kv: -kv[1])
         kinds = ", ".join(f"{c.replace('_', ' ')} {format_bytes(n)}" for c, n in parts[:3])
         label = esc(m.path.rsplit(".", 1)[-1] if m.path else "model")
-        summary = f"<summary><code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small></summary>"
+        head = f"<code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small>"
         if not m.children:
-            return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{summary[9:-10]}</div>'
+            return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{head}</div>'
         opened = " open" if depth == 0 else ""
         inner = "".join(node(c, depth + 1) for c in m.children)
-        return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}">{summary}{inner}</details>'
+        return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}"><summary>{head}</summary>{inner}</details>'
 
     return f'<div class="jp-gpumem-modules" style="margin:.4em 0">At the peak, by module:{node(tree, 0)}</div>'
 

@@ -58,6 +58,9 @@ def test_a_tiny_gpts_blocks_hold_what_their_forwards_saved(gpt: InteractiveShell
         assert r.by_module[f"transformer.h.{i}"]["parameters"] == own
     assert r.module_tree.largest() is not None
     assert "largest modules at the peak" in str(r)
+    page = r._repr_mimebundle_()["text/html"]
+    assert '<details open style="margin-left:0em" title="">' in page
+    assert '<div style="margin-left:1.2em" title="transformer.h.0.mlp.act"><code>act</code>' in page
 
 
 def test_a_training_step_puts_gradients_and_optimizer_state_with_their_parameters(
