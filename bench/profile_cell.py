@@ -37,6 +37,8 @@ def main() -> None:
     bench = scale.Bench(device)
     if args.lived_in:
         bench.shell.user_ns.update(scale.lived_in(device, args.quick))
+        settling = bench.settle()
+        print(f"settled in {len(settling)} cells, the last {settling[-1] * 1e3:.1f} ms")
     known = {c.name: c for c in scale.cells(args.quick, cpu=not cuda)}
     for name in args.cells:
         _profile(bench, known[name], device, args)

@@ -33,6 +33,27 @@ class AllocatedBlock(NamedTuple):
 
 
 @dataclass(frozen=True)
+class AllocatedSummary:
+    """A segment's allocated blocks, totalled and indexed by address, made once per layout."""
+
+    size: int  # bytes of its allocated blocks
+    requested: int  # what their tensors asked for (a block's size where unknown), at most `size`
+    blocks: Mapping[int, AllocatedBlock]  # by address
+    requests: Mapping[int, int]  # how many blocks asked for each size
+
+    @classmethod
+    def of(cls, blocks: Sequence[AllocatedBlock]) -> AllocatedSummary:
+        requests: dict[int, int] = {}
+        size = requested = 0
+        for b in blocks:
+            request = b.size if b.requested_size is None else min(b.requested_size, b.size)
+            size += b.size
+            requested += request
+            requests[request] = requests.get(request, 0) + 1
+        return cls(size, requested, {b.address: b for b in blocks}, requests)
+
+
+@dataclass(frozen=True)
 class SegmentState:
     """One cudaMalloc'd segment at the start of the interval.
 
@@ -55,6 +76,11 @@ class SegmentState:
                 if b.state == ALLOCATED
             ]
         return self.blocks.allocated_blocks()  # type: ignore[attr-defined]
+
+    def allocated_summary(self) -> AllocatedSummary:
+        """The allocated blocks' totals and index, kept by a layout view that can keep it."""
+        summary = getattr(self.blocks, "allocated_summary", None)
+        return summary() if summary is not None else AllocatedSummary.of(self.allocated_blocks())
 
 
 class TraceEvent(NamedTuple):

@@ -33,6 +33,7 @@ from typing import Any
 from jupyter_gpumem import report_log
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
 from jupyter_gpumem.analysis.peaks import replay_window
+from jupyter_gpumem.analysis.replay import layout_after
 from jupyter_gpumem.rank_reports import (
     RankCollection,
     current_rank,
@@ -102,7 +103,9 @@ class Measurement:
         self.cell = cell  # (filename, first line) of the block's code, to name its lines
         self.cell_key = cell_key  # the same cell re-run has the same key
         self.report: Report | None = None
-        self._recorder = Recorder(options.recording(), namespace, digest=replay_window)
+        self._recorder = Recorder(
+            options.recording(), namespace, digest=replay_window, layout_after=layout_after
+        )
         self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
         self._token: int | None = None
         self._hint_notes: tuple[str, ...] = ()  # what the leak check could not look at

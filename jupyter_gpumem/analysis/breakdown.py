@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from jupyter_gpumem.analysis.by_module import OUTSIDE, ModuleTally
 from jupyter_gpumem.analysis.library_memory import (
+    CUDA_GRAPH_POOL_NAME,
     LibraryMemory,
     Residue,
     category_of,
@@ -130,17 +131,71 @@ def categorize(
             if scope == OUTSIDE and block.event_index >= 0:
                 scope = modules.scope_at(events[block.event_index].time_us)
             modules.add(scope, category, request)
-    slack = 0
-    for seg in held:  # one tight pass: a kernel holding many tensors has tens of thousands
-        for address, size, requested in seg.allocated_blocks():
-            request = size if requested is None else min(requested, size)
-            category = standing.get(address) or unclaimed(address, request, None)
-            out[category] += request
-            slack += size - request
-            if address in scoped:
-                modules.add(scoped[address], category, request)  # type: ignore[union-attr]
-    out[ALLOCATOR_SLACK] += slack
+    if held:
+        _categorize_held(held, standing, scoped, library, residue, modules, out)
     return out
+
+
+def _categorize_held(
+    held: Sequence[SegmentState],
+    standing: Mapping[int, str],
+    scoped: Mapping[int, int],
+    library: LibraryMemory,
+    residue: Residue | None,
+    modules: ModuleTally | None,
+    out: dict[str, int],
+) -> None:
+    """Add the allocated blocks of segments no event touched to ``out``, as the per-block
+    rule does, at a cost that grows with the named storages, not with the blocks.
+
+    A kernel holding a list of 20,000 tensors has as many such blocks on every cell. Each
+    segment's totals and index are made once per layout; here only the storages that tags
+    and names claim are looked up, and the rest is counted in bulk: a private pool's
+    segment as a CUDA graph's, blocks of a workspace's size as that workspace, the rest as
+    unattributed, held from before the window.
+    """
+    ordered = sorted(held, key=lambda seg: seg.address)
+    starts = [seg.address for seg in ordered]
+    summaries = [seg.allocated_summary() for seg in ordered]
+    pooled = [seg.private_pool or library.in_pool(seg.address) for seg in ordered]
+    unclaimed = [s.requested for s in summaries]  # per segment
+    claimed_requests: dict[
+        int, int
+    ] = {}  # outside pools: how many claimed blocks asked for each size
+    for address, category in standing.items():
+        i = bisect.bisect_right(starts, address) - 1
+        block = summaries[i].blocks.get(address) if i >= 0 else None
+        if block is None:
+            continue
+        request = (
+            block.size if block.requested_size is None else min(block.requested_size, block.size)
+        )
+        out[category] += request
+        unclaimed[i] -= request
+        if not pooled[i]:
+            claimed_requests[request] = claimed_requests.get(request, 0) + 1
+        if modules is not None and address in scoped:
+            modules.add(scoped[address], category, request)
+    out[ALLOCATOR_SLACK] += sum(s.size - s.requested for s in summaries)
+    in_pools = sum(u for u, p in zip(unclaimed, pooled, strict=True) if p)
+    rest = sum(unclaimed) - in_pools
+    found = [(CUDA_GRAPH_POOL_NAME, in_pools)]
+    for workspace in library.workspaces:
+        size = workspace.requested
+        count = sum(
+            s.requests.get(size, 0) for s, p in zip(summaries, pooled, strict=True) if not p
+        )
+        nbytes = size * (count - claimed_requests.get(size, 0))
+        found.append((workspace.name, nbytes))
+        rest -= nbytes
+    for name, nbytes in found:
+        if nbytes:
+            out[category_of(name)] += nbytes
+            if residue is not None:
+                residue.add_library(name, nbytes)
+    out["unattributed"] += rest
+    if residue is not None and rest:
+        residue.add_unattributed(why_unattributed(None), rest)
 
 
 def _standing(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jupyter_gpumem.records import (
     ALLOCATED,
@@ -200,7 +200,7 @@ def _with_held(touched: tuple[Live, ...], held: Sequence[SegmentState]) -> tuple
 
 def segment_allocated(seg: SegmentState) -> int:
     """Bytes of the segment's allocated blocks."""
-    return sum(b.size for b in seg.allocated_blocks())
+    return seg.allocated_summary().size
 
 
 def touched_segments(segments: Sequence[SegmentState], events: Sequence[TraceEvent]) -> set[int]:
@@ -309,6 +309,47 @@ def replay(
         touched_at_oom=live_at_oom,
         held=held if keep_live_at_peak and (reason is None or peak_index < 0) else (),
     )
+
+
+def layout_after(
+    segments: Sequence[SegmentState], events: Sequence[TraceEvent]
+) -> tuple[SegmentState, ...] | None:
+    """The allocator's layout after ``events``, from the layout before them.
+
+    Segments no event touched are kept as they are; the touched ones are rebuilt from the
+    replay. None where the replay disagrees with the trace, or a segment came or went
+    (its pool is not in the trace).
+    """
+    if any(ev.action in _SEGMENT_ACTIONS for ev in events):
+        return None
+    touched = touched_segments(segments, events)
+    model = _Model()
+    for seg in segments:
+        if seg.address in touched:
+            model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+    try:
+        for i, ev in enumerate(events):
+            _apply(model, ev, i)
+    except _Mismatch:
+        return None
+    chains: dict[int, list[_Block]] = {}
+    for block in model.blocks.values():
+        chains.setdefault(block.segment, []).append(block)
+    out = [seg for seg in segments if seg.address not in touched]
+    for seg in segments:
+        if seg.address in touched:
+            chain = sorted(chains.get(seg.address, ()), key=lambda b: b.address)
+            blocks = tuple(
+                BlockState(
+                    b.address, b.size, b.state, b.requested if b.state == ALLOCATED else None
+                )
+                for b in chain
+            )
+            out.append(replace(seg, blocks=blocks))
+    return tuple(sorted(out, key=lambda s: s.address))
+
+
+_SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 
 
 def _apply(model: _Model, ev: TraceEvent, index: int) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from jupyter_gpumem.records import (
     AllocatedBlock,
+    AllocatedSummary,
     BlockState,
     DeviceRecording,
     SegmentState,
@@ -93,21 +94,28 @@ GUARD = RecordingGuard()
 Activity = tuple[Any, ...]  # the allocator's event counters: equal readings, the same layout
 
 
+LayoutAfter = Callable[
+    [Sequence[SegmentState], Sequence[TraceEvent]], "tuple[SegmentState, ...] | None"
+]
+
+
 class LayoutCache:
-    """The allocator's layout as last read, per device, with its activity counters then.
+    """The allocator's layout as last known, per device, with its activity counters then.
 
     Reading the layout costs in proportion to every block the process holds (16 ms in torch
     for 21,700 blocks on an H100 host), however little a cell touches.
     When the counters read now equal those kept with a layout, the allocator has neither
-    allocated nor freed since, so that layout is the layout now. A layout taken at a window's
-    end is parsed only if a later window starts from it.
+    allocated nor freed since, so that layout is the layout now. A layout kept at a window's
+    end is made only if a later window starts from it: parsed from a snapshot's entries, or
+    replayed from the window's start and events where only the trace was read.
     """
 
     def __init__(self) -> None:
         self._layouts: dict[int, tuple[Activity, Any]] = {}
 
     def keep(self, device: int, activity: Activity, layout: Any) -> None:
-        """``layout``: parsed segments, or a snapshot's raw segment list."""
+        """``layout``: parsed segments, a snapshot's raw segment list, or a function that
+        makes the segments (None where it cannot)."""
         self._layouts[device] = (activity, layout)
 
     def get(self, device: int, activity: Activity) -> tuple[SegmentState, ...] | None:
@@ -115,9 +123,14 @@ class LayoutCache:
         if kept is None or kept[0] != activity:
             return None
         layout = kept[1]
-        if not isinstance(layout, tuple):
+        if callable(layout):
+            layout = layout()
+            if layout is None:
+                del self._layouts[device]
+                return None
+        elif not isinstance(layout, tuple):
             layout = _segments(layout, device)
-            self._layouts[device] = (activity, layout)
+        self._layouts[device] = (activity, layout)
         return layout
 
     def clear(self) -> None:
@@ -125,6 +138,47 @@ class LayoutCache:
 
 
 LAYOUTS = LayoutCache()
+
+
+class TraceReader:
+    """Reads the allocator's trace without its layout.
+
+    torch hands the trace out only with a snapshot, and a whole snapshot costs per block
+    the process holds. One filtered to a private pool of ours that never holds memory
+    carries every trace entry and no segment: 0.8 ms where the whole one takes 16 ms
+    (21,700 blocks, H100). Used with one visible device, where the pool exists on the only
+    allocator that is asked; elsewhere, or where this torch has no pool filter, ``read``
+    gives None and the caller reads the whole snapshot.
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._arg: tuple[int, ...] | None = None
+        self.usable: bool | None = None  # None: not tried yet
+
+    def read(self, torch: Any) -> Mapping[str, Any] | None:
+        if self.usable is False or torch.cuda.device_count() != 1:
+            return None
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.MemPool()
+            pool_id = tuple(self._pool.id)
+            for arg in (self._arg,) if self._arg else ((*pool_id, True), pool_id):
+                try:
+                    snapshot = torch._C._cuda_memorySnapshot(arg)
+                except TypeError:
+                    continue
+                if snapshot.get("segments"):  # the filter was not applied
+                    break
+                self._arg, self.usable = arg, True
+                return snapshot  # type: ignore[no-any-return]
+        except (AttributeError, RuntimeError):
+            pass
+        self.usable = False
+        return None
+
+
+TRACES = TraceReader()
 
 
 @dataclass
@@ -156,9 +210,11 @@ class CudaSession:
         counters_reason: str = "--no-trace: counters only",
         snapshot_path: str | None = None,
         digest: Callable[[TraceWindow], Any] | None = None,
+        layout_after: LayoutAfter | None = None,
     ) -> None:
         self.snapshot_path = snapshot_path
         self.digest = digest  # made of a window that closes mid-cell, kept as its `replayed`
+        self.layout_after = layout_after  # the layout a window left, from its start and events
         self.torch = torch
         self.trace = trace
         self.counters_reason = counters_reason
@@ -306,7 +362,7 @@ class CudaSession:
             and not user_changed
             and all(activity[d] == start.activity for d, start in self._open.items())
         )
-        snapshot: Mapping[str, Any] = {} if quiet else torch.cuda.memory._snapshot()
+        snapshot, whole = ({}, False) if quiet else self._read(torch)
         if self.snapshot_path:
             self._snapshot = snapshot
         if self._we_record and not user_changed:
@@ -314,8 +370,6 @@ class CudaSession:
             self._we_record = False
         traces = snapshot.get("device_traces", [])
         for d, start in self._open.items():
-            if not self._user_records and not user_changed:
-                LAYOUTS.keep(d, activity[d], start.segments if quiet else snapshot["segments"])
             trace = traces[d] if d < len(traces) else []
             allocated, reserved = _current(torch, d)
             problem: str | None = None
@@ -329,6 +383,8 @@ class CudaSession:
                 problem = "the cell switched memory history recording off"
             else:
                 events = _events(trace[first:])
+            if not self._user_records and not user_changed:
+                LAYOUTS.keep(d, activity[d], self._layout_now(snapshot, whole, start, events))
             self._windows.setdefault(d, []).append(
                 TraceWindow(
                     segments_before=start.segments,
@@ -348,6 +404,39 @@ class CudaSession:
                 window = self._windows[d][-1]
                 self._windows[d][-1] = replace(window, replayed=self.digest(window))
         self._open.clear()
+
+    def _read(self, torch: Any) -> tuple[Mapping[str, Any], bool]:
+        """The snapshot at a window's end, and whether it holds the layout.
+
+        The trace alone, except for ``--snapshot`` and after a segment came or went (it
+        may belong to a CUDA graph's pool, which only the layout tells).
+        """
+        if not self.snapshot_path:
+            traces = TRACES.read(torch)
+            if traces is not None and not any(
+                e.get("action") in _SEGMENT_ACTIONS for t in traces["device_traces"] for e in t
+            ):
+                return traces, False
+        return torch.cuda.memory._snapshot(), True
+
+    def _layout_now(
+        self,
+        snapshot: Mapping[str, Any],
+        whole: bool,
+        start: _WindowStart,
+        events: Sequence[TraceEvent],
+    ) -> Any:
+        """What ``LAYOUTS`` keeps at a window's end: the snapshot's segments where it has
+        them, else the window's start replayed through its events when a window needs it."""
+        if whole:
+            return snapshot["segments"]
+        if not events:
+            return start.segments
+        layout_after = self.layout_after
+        if layout_after is None:
+            return lambda: None
+        segments = start.segments
+        return lambda: layout_after(segments, events)
 
     def _window_start_index(
         self, start: _WindowStart, trace: Sequence[Mapping[str, Any]]
@@ -433,6 +522,7 @@ class CudaSession:
         return [d for d in self.devices if d < count]
 
 
+_SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _ACTIVITY_STATS = (
     "allocation", "segment", "active", "inactive_split",
     "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
@@ -515,12 +605,13 @@ class SnapshotBlocks(Sequence[BlockState]):
     Pickles as a plain tuple.
     """
 
-    __slots__ = ("_allocated", "_parsed", "_raw")
+    __slots__ = ("_allocated", "_parsed", "_raw", "_summary")
 
     def __init__(self, raw: Sequence[Mapping[str, Any]]) -> None:
         self._raw = raw
         self._parsed: tuple[BlockState, ...] | None = None
         self._allocated: list[AllocatedBlock] | None = None
+        self._summary: AllocatedSummary | None = None
 
     def _blocks(self) -> tuple[BlockState, ...]:
         if self._parsed is None:
@@ -535,6 +626,11 @@ class SnapshotBlocks(Sequence[BlockState]):
                 if b["state"] == "active_allocated"
             ]
         return self._allocated
+
+    def allocated_summary(self) -> AllocatedSummary:
+        if self._summary is None:
+            self._summary = AllocatedSummary.of(self.allocated_blocks())
+        return self._summary
 
     def __len__(self) -> int:
         return len(self._raw)

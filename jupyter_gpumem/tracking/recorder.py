@@ -19,7 +19,7 @@ from jupyter_gpumem.records import (
     Tag,
     TraceWindow,
 )
-from jupyter_gpumem.tracking.cuda import CudaSession, allocator_backend
+from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tracking.namespace import named_of, named_storages, walk
@@ -54,9 +54,11 @@ class Recorder:
         user_ns: Mapping[str, Any] | None = None,
         *,
         digest: Callable[[TraceWindow], Any] | None = None,
+        layout_after: LayoutAfter | None = None,
     ) -> None:
         self.options = options
         self.digest = digest  # see CudaSession
+        self.layout_after = layout_after
         self.user_ns: Mapping[str, Any] = user_ns if user_ns is not None else {}
         self._session: CudaSession | None = None
         self._tagger: Tagger | None = None
@@ -84,6 +86,7 @@ class Recorder:
                 devices=self.options.devices,
                 snapshot_path=self.options.snapshot_path,
                 digest=self.digest,
+                layout_after=self.layout_after,
             )
             self._session.start()
         found: list[tuple[Any, str, str | None]] = []  # the namespace's tensors, read once

@@ -187,3 +187,48 @@ def test_a_cells_graph_pools_are_named_in_its_notes() -> None:
     )
     report = build_report(rec, all_devices=True)
     assert "cuda:0: " + graph_pool_note(20 * MiB) in report.notes
+
+
+def test_segments_no_event_touched_are_counted_in_bulk_as_block_by_block() -> None:
+    """The breakdown of untouched segments, counted from their totals and the claimed
+    storages only, is the per-block rule's to the byte: categories, workspaces by size,
+    pools, and why the rest is unattributed."""
+    from jupyter_gpumem.records import NamedStorage, Tag
+
+    small = BASE + 64 * MiB
+    start = (
+        *_held(),
+        SegmentState(
+            small,
+            2 * MiB,
+            True,
+            (
+                BlockState(small, MiB, ALLOCATED, MiB),  # a workspace's size, unclaimed
+                BlockState(small + MiB, 512 * 1024, ALLOCATED, 1000),
+                BlockState(small + MiB + 512 * 1024, 512 * 1024, ALLOCATED, None),
+            ),
+        ),
+    )
+    result = replay(start, [])
+    assert result.touched_at_peak == () and len(result.held) == len(start)
+    library = lm.LibraryMemory((CUBLAS, CUBLASLT), ((POOL, 20 * MiB),))
+    cases = [
+        ([], {}),
+        (
+            [Tag(BASE, "activations", 1, 32 * MiB), Tag(POOL, "parameters", 1, 6 * MiB)],
+            {small + MiB: NamedStorage(small + MiB, 1000, "x", "gradients", (250,), "f", "c")},
+        ),
+        ([Tag(small, "optimizer_state", 1, MiB), Tag(small + 5, "inputs", 1, 8)], {}),
+    ]
+    for tags, named in cases:
+        bulk_residue, block_residue = lm.Residue(), lm.Residue()
+        bulk = categorize(
+            (), [], tags, [], named, held=result.held, library=library, residue=bulk_residue
+        )
+        per_block = categorize(
+            result.live_at_peak, [], tags, live_blocks(start), named,
+            library=library, residue=block_residue,
+        )  # fmt: skip
+        assert bulk == per_block
+        assert bulk_residue == block_residue
+        assert sum(bulk.values()) == result.peak_allocated

@@ -152,3 +152,62 @@ def test_segments_no_event_touches_are_held_whole_and_still_count() -> None:
     assert split["parameters"] == 1000 and split["optimizer_state"] == 1000
     assert split["activations"] == 4096 and split["unattributed"] == 48 * 1000
     assert sum(split.values()) == r.peak_allocated
+
+
+def test_the_layout_after_a_window_starts_the_next_one_as_one_replay_would() -> None:
+    """A window whose end was read as a trace alone hands the next window the layout its
+    replay left: replaying the two windows one after the other gives what one replay of
+    both gives, block for block."""
+    from jupyter_gpumem.analysis.replay import layout_after
+
+    def segment(i: int) -> SegmentState:
+        start = BASE + i * 20 * MiB
+        blocks = (
+            BlockState(start, 4 * MiB, ALLOCATED, 4 * MiB - 100),
+            BlockState(start + 4 * MiB, 16 * MiB, FREE),
+        )
+        return SegmentState(start, 20 * MiB, False, blocks)
+
+    layout = [segment(i) for i in range(3)]
+    busy = layout[1].address
+    first = [
+        ev("alloc", busy + 4 * MiB, 6 * MiB),  # splits the free rest
+        ev("free_requested", busy, 4 * MiB - 100),
+        ev("free_completed", busy, 4 * MiB - 100),
+    ]
+    second = [
+        ev("alloc", busy, 3 * MiB),  # the freed head, whole: a 1 MiB rest is not split
+        ev("alloc", busy + 10 * MiB, 9 * MiB + 512 * 1024),  # the 10 MiB rest, unsplit
+        ev("free_requested", busy + 4 * MiB, 6 * MiB),
+    ]
+    after = layout_after(layout, first)
+    assert after is not None
+    assert after[0] is layout[0] and after[2] is layout[2]  # untouched segments kept as they are
+    assert [(b.address, b.size, b.state) for b in after[1].blocks] == [
+        (busy, 4 * MiB, FREE),
+        (busy + 4 * MiB, 6 * MiB, ALLOCATED),
+        (busy + 10 * MiB, 10 * MiB, FREE),
+    ]
+    whole = replay(layout, first + second)
+    split = replay(after, second, allocated_start=whole.allocated_series[len(first) - 1])
+    assert split.exact
+    assert split.allocated_series == whole.allocated_series[len(first) :]
+    assert split.peak_allocated == whole.peak_allocated == (2 * 4 + 4 + 6 + 10) * MiB
+    assert split.live_at_peak == tuple(
+        type(b)(
+            b.address,
+            b.size,
+            b.requested_size,
+            -1 if b.event_index < len(first) else b.event_index - len(first),
+        )
+        for b in whole.live_at_peak
+    )
+
+
+def test_no_layout_after_a_window_the_replay_cannot_follow() -> None:
+    from jupyter_gpumem.analysis.replay import layout_after
+
+    layout = [SegmentState(BASE, 2 * MiB, True, (BlockState(BASE, 2 * MiB, FREE),))]
+    assert layout_after(layout, [ev("free_requested", BASE, 512)]) is None
+    assert layout_after(layout, [ev("segment_alloc", BASE + 2 * MiB, 2 * MiB)]) is None
+    assert layout_after(layout, []) == tuple(layout)
