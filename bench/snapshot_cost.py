@@ -9,10 +9,12 @@ models with AdamW state), times, as medians of ``--repeat`` calls each:
   window takes it;
 - ``layout_only_s``: the layout without trace entries (``memory_snapshot(include_traces=False)``,
   where torch has it);
-- ``parse_all_s``: our records of every segment (``tracking/cuda.py``).
+- ``parse_all_s``: our records of every segment (``tracking/cuda.py``);
+- ``trace_only_s``: the trace without the layout, as a window's end reads it
+  (``tracking/cuda.TRACES``: a snapshot filtered to an empty memory pool of ours).
 
-Asking for the trace of a memory pool that does not exist (to leave the layout out) crashed
-torch 2.11's ``_cuda_memorySnapshot`` on an H100: it is not measured, nor used.
+Asking for a memory pool that does not exist crashed torch 2.11's ``_cuda_memorySnapshot``
+on an H100; a pool that exists and holds nothing is what ``TRACES`` asks for.
 
 Each also with the allocator's trace on (``recording_*``), since the snapshot then carries
 every block's frames.
@@ -57,6 +59,8 @@ def measure(repeat: int) -> dict[str, Any]:
         "snapshot_s": _median_s(torch.cuda.memory._snapshot, repeat),
         "parse_all_s": _median_s(lambda: cuda._segments(snap["segments"], 0), repeat),
     }
+    if cuda.TRACES.read(torch) is not None:
+        figures["trace_only_s"] = _median_s(lambda: cuda.TRACES.read(torch), repeat)
     if "include_traces" in inspect.signature(torch.cuda.memory.memory_snapshot).parameters:
         layout = torch.cuda.memory.memory_snapshot
         figures["layout_only_s"] = _median_s(lambda: layout(include_traces=False), repeat)
