@@ -28,6 +28,7 @@ from jupyter_gpumem.tracking import devices as cuda_devices
 from jupyter_gpumem.tracking.counters import COUNTERS
 from jupyter_gpumem.tracking.cuda import GUARD
 from jupyter_gpumem.tracking.held_state import HELD
+from jupyter_gpumem.tracking.namespace import EDITS, NAMED
 
 __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "unload"]
 
@@ -287,6 +288,8 @@ def unload(shell: InteractiveShell) -> None:
     GUARD.uninstall()
     COUNTERS.uninstall()
     HELD.uninstall()
+    EDITS.uninstall()
+    NAMED.clear()
     frontend.FRONTEND.forget()
 
 

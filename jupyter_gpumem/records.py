@@ -7,6 +7,7 @@ nothing of ours, so a recording can be saved, loaded and analysed without torch 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -43,14 +44,15 @@ class AllocatedSummary:
 
     @classmethod
     def of(cls, blocks: Sequence[AllocatedBlock]) -> AllocatedSummary:
-        requests: dict[int, int] = {}
-        size = requested = 0
-        for b in blocks:
-            request = b.size if b.requested_size is None else min(b.requested_size, b.size)
-            size += b.size
-            requested += request
-            requests[request] = requests.get(request, 0) + 1
-        return cls(size, requested, {b.address: b for b in blocks}, requests)
+        asked = [
+            b.size if r is None or r > b.size else r for b in blocks for r in (b.requested_size,)
+        ]
+        return cls(
+            sum(b.size for b in blocks),
+            sum(asked),
+            {b.address: b for b in blocks},
+            Counter(asked),
+        )
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class SegmentState:
                 if b.state == ALLOCATED
             ]
         return self.blocks.allocated_blocks()  # type: ignore[attr-defined]
+
+    def allocated_size(self) -> int:
+        """Bytes of the allocated blocks: the snapshot's own total where it gave one."""
+        size = getattr(self.blocks, "allocated_size", None)
+        return size() if size is not None else self.allocated_summary().size
 
     def allocated_summary(self) -> AllocatedSummary:
         """The allocated blocks' totals and index, kept by a layout view that can keep it."""

@@ -200,7 +200,7 @@ def _with_held(touched: tuple[Live, ...], held: Sequence[SegmentState]) -> tuple
 
 def segment_allocated(seg: SegmentState) -> int:
     """Bytes of the segment's allocated blocks."""
-    return seg.allocated_summary().size
+    return seg.allocated_size()
 
 
 def touched_segments(segments: Sequence[SegmentState], events: Sequence[TraceEvent]) -> set[int]:

@@ -510,6 +510,12 @@ class CudaSession:
             )
         return recordings
 
+    def activity(self) -> tuple[Activity, ...] | None:
+        """The allocator's event counters on every device; None before CUDA is up."""
+        if not self.torch.cuda.is_initialized():
+            return None
+        return tuple(_activity(self.torch, d) for d in self._device_indices())
+
     def _past_windows(self, step: int) -> bool:
         """True when the cell went on past its last window (not when it ended with it)."""
         last = [w.last_step for ws in self._windows.values() for w in ws]
@@ -571,7 +577,7 @@ def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentSta
             address=int(seg["address"]),
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
-            blocks=SnapshotBlocks(seg.get("blocks", ())),
+            blocks=SnapshotBlocks(seg.get("blocks", ()), seg.get("allocated_size")),
             private_pool=_in_private_pool(seg),
         )
         for seg in raw
@@ -605,10 +611,11 @@ class SnapshotBlocks(Sequence[BlockState]):
     Pickles as a plain tuple.
     """
 
-    __slots__ = ("_allocated", "_parsed", "_raw", "_summary")
+    __slots__ = ("_allocated", "_allocated_size", "_parsed", "_raw", "_summary")
 
-    def __init__(self, raw: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, raw: Sequence[Mapping[str, Any]], allocated_size: int | None = None) -> None:
         self._raw = raw
+        self._allocated_size = allocated_size  # the snapshot's own total, where it gave one
         self._parsed: tuple[BlockState, ...] | None = None
         self._allocated: list[AllocatedBlock] | None = None
         self._summary: AllocatedSummary | None = None
@@ -626,6 +633,11 @@ class SnapshotBlocks(Sequence[BlockState]):
                 if b["state"] == "active_allocated"
             ]
         return self._allocated
+
+    def allocated_size(self) -> int:
+        if self._allocated_size is None:
+            return self.allocated_summary().size
+        return self._allocated_size
 
     def allocated_summary(self) -> AllocatedSummary:
         if self._summary is None:

@@ -28,6 +28,7 @@ class HeldOptimizers:
     def __init__(self) -> None:
         self._where: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._hook: Any = None
+        self.count = 0  # moves whenever an optimizer is added or relabelled
 
     def install(self) -> None:
         """Hear every optimizer step from now on (once torch is imported)."""
@@ -50,10 +51,14 @@ class HeldOptimizers:
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if optimizer not in self._where:
             self._where[optimizer] = type(optimizer).__name__
+            self.count += 1
 
     def found(self, optimizer: Any, where: str) -> None:
         """``optimizer`` was reached from the variable ``where``: that names it from now on."""
-        self._where[optimizer] = f"{where}: {type(optimizer).__name__}"
+        label = f"{where}: {type(optimizer).__name__}"
+        if self._where.get(optimizer) != label:
+            self._where[optimizer] = label
+            self.count += 1
 
     def known(self) -> Iterator[tuple[str, Any]]:
         """(label, optimizer) for every live one, in the order they were first seen; those a
@@ -64,6 +69,7 @@ class HeldOptimizers:
 
     def clear(self) -> None:
         self._where.clear()
+        self.count += 1
 
 
 HELD = HeldOptimizers()

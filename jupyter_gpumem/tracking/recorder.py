@@ -14,6 +14,7 @@ from jupyter_gpumem.records import (
     CellRecording,
     DeviceRecording,
     ModuleCall,
+    NamedStorage,
     PhaseMark,
     ScopeMark,
     Tag,
@@ -22,7 +23,7 @@ from jupyter_gpumem.records import (
 from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tracking.namespace import named_of, named_storages, walk
+from jupyter_gpumem.tracking.namespace import NAMED, named_of, named_storages, walk
 from jupyter_gpumem.tracking.tags import Tagger
 
 log = logging.getLogger(__name__)
@@ -89,19 +90,22 @@ class Recorder:
                 layout_after=self.layout_after,
             )
             self._session.start()
-        found: list[tuple[Any, str, str | None]] = []  # the namespace's tensors, read once
-        if torch is not None and self.options.trace:
+        named: Mapping[int, NamedStorage] = {}
+        if torch is not None and self.options.trace and self._session is None:
+            # the CPU source follows the namespace's tensors; they are named from the same read
             found = self._guarded("namespace", lambda: list(walk(self.user_ns)))
             found = [] if found is _FAILED else found
-        if torch is not None and self.options.trace and self._session is None:
+            named = named_of(found)
             tensors = [t for t, _, _ in found]
             started = self._guarded("CPU tensor source", lambda: _start_cpu_source(tensors))
             if started is not _FAILED:
                 self._cpu, self._cpu_start = started
+        elif torch is not None and self.options.trace:
+            read = self._guarded("namespace", self._named)
+            named = {} if read is _FAILED else read
         if torch is not None and self.options.trace:
             self._tagger = Tagger(torch, self.user_ns)
             self._tagger.on_boundary = self._boundary
-            named = named_of(found)
             if self._guarded("tags", lambda: self._tagger.start(named)) is _FAILED:
                 self._tagger = None
             self._detailed = True
@@ -146,7 +150,10 @@ class Recorder:
         steps = self._schedule.position if self._schedule is not None else 0
         if self._session is not None:
             devices = self._session.finish(steps)
-        named = named_storages(self.user_ns) if torch is not None else {}
+        named: Mapping[int, NamedStorage] = {}
+        if torch is not None:
+            read = self._guarded("namespace", self._named)
+            named = {} if read is _FAILED else read
         return CellRecording(
             started_at=self._started_at,
             wall_s=wall_s,
@@ -164,6 +171,13 @@ class Recorder:
             calls=calls,
             scope_marks=scope_marks,
         )
+
+    def _named(self) -> dict[int, NamedStorage]:
+        """The namespace's named storages, read again only where they may have changed."""
+        activity = self._session.activity() if self._session is not None else None
+        if activity is None:
+            return named_storages(self.user_ns)
+        return NAMED.named(self.user_ns, activity)
 
     # -- step boundaries -----------------------------------------------------------
     def _hook_optimizers(self, torch: Any) -> None:
