@@ -464,11 +464,14 @@ class CudaSession:
             self._close(None)
         elif self._windows and GUARD.calls == self._guard_calls and self._past_windows(step):
             self.sample(step)  # the tail after the last boundary
-            layout = torch.cuda.memory._snapshot()
-            for d, windows in self._windows.items():
-                end_blocks[d] = _new_blocks(
-                    layout.get("segments", []), d, windows[0].segments_before
-                )
+            if self._moved_since_windows():
+                # The cell ended holding other bytes than its last window left: read what
+                # it left alive. Else the window's own list stands, with no read per block.
+                layout = torch.cuda.memory._snapshot()
+                for d, windows in self._windows.items():
+                    end_blocks[d] = _new_blocks(
+                        layout.get("segments", []), d, windows[0].segments_before
+                    )
         if self.snapshot_path and self._snapshot is not None:
             with open(self.snapshot_path, "wb") as f:
                 pickle.dump(self._snapshot, f)
@@ -515,6 +518,14 @@ class CudaSession:
         if not self.torch.cuda.is_initialized():
             return None
         return tuple(_activity(self.torch, d) for d in self._device_indices())
+
+    def _moved_since_windows(self) -> bool:
+        """True when a device holds other bytes than its last window left (a steady loop
+        ends where its recorded steps did)."""
+        return any(
+            _current(self.torch, d)[0] != windows[-1].allocated_end
+            for d, windows in self._windows.items()
+        )
 
     def _past_windows(self, step: int) -> bool:
         """True when the cell went on past its last window (not when it ended with it)."""
