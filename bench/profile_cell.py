@@ -3,6 +3,7 @@
 python bench/profile_cell.py gpt2_3_steps                  # any cell names of bench/scale.py
 python bench/profile_cell.py mlp_200_steps tiny --quick
 python bench/profile_cell.py tiny gpt2_3_steps --lived-in  # in the lived-in kernel of bench/scale.py
+python bench/profile_cell.py mlp_200_steps --lived-in --timers  # wall time of our parts, unprofiled
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def main() -> None:
         "--warm", type=int, default=3, help="`%%gpumem` runs before the profiled one"
     )
     parser.add_argument("--lived-in", action="store_true", help="fill the namespace first")
+    parser.add_argument(
+        "--timers",
+        action="store_true",
+        help="time our main parts with perf_counter instead of cProfile (no profiler overhead)",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -52,6 +58,9 @@ def _profile(bench: scale.Bench, cell: scale.Cell, device: torch.device, args) -
         bench._once("%%gpumem --quiet\n" + body)
         bench._once(body)
     plain, _, _ = bench._once(body)
+    if args.timers:
+        _timed(bench, cell, body, plain)
+        return
     profile = cProfile.Profile()
     with contextlib.redirect_stdout(io.StringIO()):
         t0 = time.perf_counter()
@@ -67,6 +76,78 @@ def _profile(bench: scale.Bench, cell: scale.Cell, device: torch.device, args) -
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats(key).print_stats(args.lines)
         print(out.getvalue())
+
+
+_PARTS = (
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "_begin"),
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "_close"),
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "finish"),
+    ("jupyter_gpumem.tracking.cuda", "TraceReader", "read"),
+    ("jupyter_gpumem.tracking.recorder", "Recorder", "start"),
+    ("jupyter_gpumem.tracking.recorder", "Recorder", "stop"),
+    ("jupyter_gpumem.tracking.recorder", "Recorder", "_named"),
+    ("jupyter_gpumem.session", "Measurement", "finish"),
+    ("jupyter_gpumem.session", "Measurement", "_leak_hints"),
+    ("jupyter_gpumem.magic", "GpuMemMagics", "_finish"),
+    ("jupyter_gpumem.session", None, "build_report"),
+    ("jupyter_gpumem.analysis.attribution", None, "categorize"),
+    ("jupyter_gpumem.analysis.peaks", None, "replay"),
+    ("jupyter_gpumem.ipython_state", None, "scan_namespace"),
+)
+
+
+def _timed(bench: scale.Bench, cell: scale.Cell, body: str, plain: float) -> None:
+    """Median wall time of each part over 5 `%%gpumem` runs, alternating with plain runs."""
+    import importlib
+    import statistics
+
+    spent: dict[str, list[float]] = {}
+    originals = []
+    for module_name, cls_name, attr in _PARTS:
+        module = importlib.import_module(module_name)
+        cls = module if cls_name is None else getattr(module, cls_name, None)
+        if cls is None or not hasattr(cls, attr):
+            print(f"  (no {module_name}.{attr})")
+            continue
+        original = getattr(cls, attr)
+        key = f"{cls_name or module_name.rsplit('.', 1)[-1]}.{attr}"
+
+        def timed(*a, _f=original, _k=key, **k):
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                spent.setdefault(_k, []).append(time.perf_counter() - t0)
+
+        setattr(cls, attr, timed)
+        originals.append((cls, attr, original))
+    for name in ("_snapshot",):
+        original = getattr(torch.cuda.memory, name)
+
+        def timed_snap(*a, _f=original, **k):
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                spent.setdefault("torch._snapshot", []).append(time.perf_counter() - t0)
+
+        torch.cuda.memory._snapshot = timed_snap
+        originals.append((torch.cuda.memory, name, original))
+    wholes = []
+    runs = 5
+    try:
+        for _ in range(runs):
+            wholes.append(bench._once("%%gpumem --quiet\n" + body)[0])
+            bench._once(body)
+    finally:
+        for owner, attr, original in originals:
+            setattr(owner, attr, original)
+    print(
+        f"== {cell.name}: plain {plain * 1e3:.1f} ms, %%gpumem {statistics.median(wholes) * 1e3:.1f} ms"
+    )
+    for key, times in spent.items():
+        per_cell = sum(times) / runs
+        print(f"  {key:32s} {per_cell * 1e3:8.2f} ms per cell ({len(times) / runs:.0f} calls)")
 
 
 if __name__ == "__main__":

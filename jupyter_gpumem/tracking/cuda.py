@@ -520,12 +520,13 @@ class CudaSession:
         return tuple(_activity(self.torch, d) for d in self._device_indices())
 
     def _moved_since_windows(self) -> bool:
-        """True when a device holds other bytes than its last window left (a steady loop
-        ends where its recorded steps did)."""
-        return any(
-            _current(self.torch, d)[0] != windows[-1].allocated_end
-            for d, windows in self._windows.items()
-        )
+        """True when a device held other bytes at the cell's last step boundary than when its
+        last window closed at one (a steady loop's boundaries all hold the same)."""
+        for d, windows in self._windows.items():
+            boundaries = [s for s in self._samples.get(d, ())[:-1] if s.step > 0]
+            if not boundaries or boundaries[-1].allocated != windows[-1].allocated_end:
+                return True
+        return False
 
     def _past_windows(self, step: int) -> bool:
         """True when the cell went on past its last window (not when it ended with it)."""
