@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 ALLOCATED, PENDING, FREE = "allocated", "pending", "free"  # a block's state
+# Trace actions that add or remove a segment: a layout cannot be carried across them, since
+# only a snapshot tells which pool the segment belongs to.
+SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class AllocatedBlock(NamedTuple):
     size: int
     requested_size: int | None
 
+    @property
+    def request(self) -> int:
+        """What its tensor asked for, at most the block; the whole block where unknown."""
+        return self.size if self.requested_size is None else min(self.requested_size, self.size)
+
 
 @dataclass(frozen=True)
 class AllocatedSummary:
@@ -44,9 +52,7 @@ class AllocatedSummary:
 
     @classmethod
     def of(cls, blocks: Sequence[AllocatedBlock]) -> AllocatedSummary:
-        asked = [
-            b.size if r is None or r > b.size else r for b in blocks for r in (b.requested_size,)
-        ]
+        asked = [b.request for b in blocks]
         return cls(
             sum(b.size for b in blocks),
             sum(asked),

@@ -167,9 +167,7 @@ def _categorize_held(
         block = summaries[i].blocks.get(address) if i >= 0 else None
         if block is None:
             continue
-        request = (
-            block.size if block.requested_size is None else min(block.requested_size, block.size)
-        )
+        request = block.request
         out[category] += request
         unclaimed[i] -= request
         if not pooled[i]:

@@ -25,6 +25,7 @@ from jupyter_gpumem.records import (
     ALLOCATED,
     FREE,
     PENDING,
+    SEGMENT_ACTIONS,
     AllocatedBlock,
     BlockState,
     SegmentState,
@@ -320,7 +321,7 @@ def layout_after(
     replay. None where the replay disagrees with the trace, or a segment came or went
     (its pool is not in the trace).
     """
-    if any(ev.action in _SEGMENT_ACTIONS for ev in events):
+    if any(ev.action in SEGMENT_ACTIONS for ev in events):
         return None
     touched = touched_segments(segments, events)
     model = _Model()
@@ -347,9 +348,6 @@ def layout_after(
             )
             out.append(replace(seg, blocks=blocks))
     return tuple(sorted(out, key=lambda s: s.address))
-
-
-_SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 
 
 def _apply(model: _Model, ev: TraceEvent, index: int) -> None:

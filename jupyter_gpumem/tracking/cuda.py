@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpumem.records import (
+    SEGMENT_ACTIONS,
     AllocatedBlock,
     AllocatedSummary,
     BlockState,
@@ -414,7 +415,7 @@ class CudaSession:
         if not self.snapshot_path:
             traces = TRACES.read(torch)
             if traces is not None and not any(
-                e.get("action") in _SEGMENT_ACTIONS for t in traces["device_traces"] for e in t
+                e.get("action") in SEGMENT_ACTIONS for t in traces["device_traces"] for e in t
             ):
                 return traces, False
         return torch.cuda.memory._snapshot(), True
@@ -540,7 +541,6 @@ class CudaSession:
         return [d for d in self.devices if d < count]
 
 
-_SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _ACTIVITY_STATS = (
     "allocation", "segment", "active", "inactive_split",
     "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
