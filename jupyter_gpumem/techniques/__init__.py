@@ -20,11 +20,18 @@ from jupyter_gpumem.techniques.checkpointing import (
     blocks,
     checkpoint_targets,
 )
-from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, OPTIMIZERS, PRECISIONS, Config
+from jupyter_gpumem.techniques.config import (
+    CHECKPOINT_HELP,
+    OPTIMIZERS,
+    PARALLELS,
+    PRECISIONS,
+    Config,
+)
 
 __all__ = [
     "CHECKPOINT_HELP",
     "OPTIMIZERS",
+    "PARALLELS",
     "PRECISIONS",
     "Applied",
     "BlockGroup",

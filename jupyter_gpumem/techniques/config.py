@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PRECISIONS = ("fp32", "tf32", "fp16-autocast", "bf16-autocast", "bf16")
 OPTIMIZERS = (
@@ -16,6 +16,8 @@ OPTIMIZERS = (
     "adamw-8bit",
     "lion",
 )
+PARALLELS = ("ddp", "fsdp2")
+WORLD_SIZES_HELP = "world_size is the number of ranks: a whole number >= 1"
 CHECKPOINT_HELP = (
     "checkpoint takes 'blocks' (the model's repeated blocks: same-class modules in an "
     "nn.ModuleList or nn.Sequential, or used throughout the model like a ResNet's Bottlenecks), "
@@ -70,6 +72,21 @@ def check_optimizer(name: object) -> str | None:
     return name  # type: ignore[return-value]  # checked against OPTIMIZERS
 
 
+def check_parallel(parallel: object, world_size: object) -> str | None:
+    """The strategy name, or ValueError saying what is allowed with ``world_size``."""
+    if parallel is not None and parallel not in PARALLELS:
+        raise ValueError(
+            f"unknown parallel strategy {parallel!r}; choose one of {', '.join(PARALLELS)} (or None)"
+        )
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"{WORLD_SIZES_HELP}, got {world_size!r}")
+    if parallel is None and world_size != 1:
+        raise ValueError(
+            f"world_size={world_size} needs a strategy: parallel='ddp' or parallel='fsdp2'"
+        )
+    return parallel  # type: ignore[return-value]  # checked against PARALLELS
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of techniques; ``str(config)`` is a short label for tables and charts.
@@ -81,12 +98,20 @@ class Config:
     every: int = 1  # with checkpoint: every n-th matching module
     precision: str | None = None  # one of PRECISIONS (None = leave as is)
     optimizer: str | None = None  # one of OPTIMIZERS (None = keep the user's)
+    parallel: str | None = None  # one of PARALLELS (None = one process)
+    world_size: int = 1  # with parallel: the number of ranks
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
         check_every(self.every)
         check_precision(self.precision)
         check_optimizer(self.optimizer)
+        check_parallel(self.parallel, self.world_size)
+
+    @property
+    def single(self) -> Config:
+        """The same techniques in one process: what each rank applies before its strategy."""
+        return replace(self, parallel=None, world_size=1)
 
     def __str__(self) -> str:
         parts = []
@@ -106,4 +131,6 @@ class Config:
             parts.append(self.precision)
         if self.optimizer is not None:
             parts.append(self.optimizer)
+        if self.parallel is not None:
+            parts.append(f"{self.parallel} × {self.world_size}")
         return " · ".join(parts) if parts else "baseline"

@@ -38,7 +38,7 @@ from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
 if TYPE_CHECKING:
     from jupyter_gpumem.tuner.trial import Trial
 
-_SETTINGS = ("checkpoint", "every", "precision", "optimizer")
+_SETTINGS = ("checkpoint", "every", "precision", "optimizer", "parallel", "world_size")
 _LARGEST = 1 << 20  # batch sizes searched without a high bound
 
 
@@ -65,6 +65,9 @@ class Estimate:
     wall_s: float = 0.0
     notes: tuple[str, ...] = ()
     config: Config = field(default_factory=Config, compare=False, repr=False)
+    rank: int | None = None  # this estimate's rank, for one rank of a parallel configuration
+    # one estimate per rank for a parallel configuration (the worst rank's peak is peak_bytes)
+    ranks: tuple[Estimate, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int | None:
@@ -94,6 +97,7 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("config")
+        out["ranks"] = [r.to_dict() for r in self.ranks]
         out["notes"] = list(self.notes)
         out["total_bytes"] = self.total_bytes
         return out

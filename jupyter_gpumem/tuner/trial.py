@@ -60,6 +60,11 @@ class TrialResult:
     report: Report | None = field(default=None, compare=False, repr=False)
     # the trial's estimate of this configuration and batch, made before it was measured
     estimate: Estimate | None = field(default=None, compare=False, repr=False)
+    rank: int | None = None  # this result's rank, for one rank of a parallel configuration
+    # the rank's own torch.cuda.max_memory_allocated() over its measured steps (GPU ranks)
+    own_peak_bytes: int | None = None
+    # one result per rank for a parallel configuration; the fields above are the worst rank's
+    ranks: tuple[TrialResult, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def vs_estimate(self) -> str | None:
