@@ -9,9 +9,17 @@ plans the blocks to checkpoint with precision and optimizer (`jupyter_gpumem.tun
 verifies the plan by a measured run and shows plan, prediction and measurement side by side;
 the panel then shows the plan, so Apply applies exactly it. Without a trial it picks among the
 measured rows. Beside each block's checkpoint toggle, a bar gives the block's activation bytes at
-the peak of the latest measured run (from its report's peak by module). Every button calls a public
-method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`), so notebooks and tests drive the
-same code; a button never lets an exception escape, it shows the message in the panel.
+the peak of the latest measured run (from its report's peak by module).
+
+The GPUs and strategy selectors make the configuration parallel (FSDP2 on 4 GPUs). Such a
+configuration is only estimated or measured through the trial, never put on the kernel's model:
+Apply applies the rest of it and says so. "Will it fit on N GPUs?" (`estimate_gpus`) estimates
+the configuration on 1, 2, 4 and 8 GPUs with each strategy and draws each rank's peak against
+the budget; Re-run with GPUs > 1 measures the ranks, shown outlined in the same chart.
+
+Every button calls a public method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`,
+`estimate_gpus`), so notebooks and tests drive the same code; a button never lets an exception
+escape, it shows the message in the panel.
 
 Known limitations:
     - Re-running the user's cell under fp16 autocast scales the loss only if the loop calls
@@ -21,6 +29,9 @@ Known limitations:
       stored (as every notebook cell does).
     - A trial lifts the applied configuration while it runs and applies it afresh afterwards; an
       optimizer switch then names a new optimizer object, with empty state.
+    - The per-rank chart shows the techniques of the latest "Will it fit on N GPUs?" (or, before
+      one, of the latest measured parallel run); measurements of other techniques stay in the
+      table only.
 """
 
 from __future__ import annotations
@@ -35,15 +46,24 @@ import ipywidgets as widgets
 
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.session import collect
-from jupyter_gpumem.techniques import Applied, Config, apply_config, blocks
+from jupyter_gpumem.techniques import PARALLELS, Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.blocks_at_peak import block_activations
+from jupyter_gpumem.tuner.estimate import Estimate
 from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
 from jupyter_gpumem.tuner.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.trial import Trial, TrialResult, cell_result
 from jupyter_gpumem.units import parse_size
-from jupyter_gpumem.widgets.tuner_charts import AS_IS, Panel, message_html, plan_html, rows_text
+from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
+from jupyter_gpumem.widgets.tuner_charts import (
+    AS_IS,
+    GPUS_BUTTON,
+    Panel,
+    message_html,
+    plan_html,
+    rows_text,
+)
 
 __all__ = ["Tuner", "tune"]
 
@@ -52,6 +72,10 @@ FP16_HELP = (
     "fp16 autocast needs loss scaling, which only happens if the re-run cell calls "
     "tuner.applied.backward(loss) instead of loss.backward() and tuner.applied.step() instead of "
     "optimizer.step(); this cell does not, so its loss was not scaled."
+)
+NEEDS_TRIAL = (
+    "estimates on GPUs need a trial: tune(model, 'opt', trial=Trial(model, batch, loss_fn)), "
+    "where loss_fn(model, batch) returns the loss"
 )
 _MISSING = object()
 
@@ -77,7 +101,9 @@ class Tuner(widgets.VBox):
         self.model, self.optimizer_name, self.trial, self.shell = model, optimizer, trial, shell
         self.results: list[TrialResult] = []
         self.plan: Plan | None = None  # the last plan "Fit to budget" made (with a trial)
+        self.gpu_estimates: list[Estimate] = []  # the last "Will it fit on N GPUs?", in order
         self._applied: Applied | None = None
+        self._gpu_base: Config | None = None  # the techniques of gpu_estimates
         self.budget_bytes: int | None = None
         self._ns: dict[str, Any] = shell.user_ns if shell is not None else {}
         self._original: Any = _MISSING
@@ -100,11 +126,14 @@ class Tuner(widgets.VBox):
                 "checkpoint all blocks, the modules picked in the list, or a regex: choose one"
             )
         spec = "blocks" if self.panel.all_blocks.value else regex or picked or None
+        gpus = self.panel.gpus.value
         return Config(
             checkpoint=spec,
             every=self.panel.every.value,
             precision=self.panel.precision.value or None,  # AS_IS is Config's None
             optimizer=self.panel.optimizer.value or None,
+            parallel=self.panel.strategy.value if gpus > 1 else None,
+            world_size=gpus,
         )
 
     def set(self, config: Config) -> None:
@@ -121,6 +150,9 @@ class Tuner(widgets.VBox):
             self.panel.every.value = config.every
             self.panel.precision.value = config.precision or AS_IS
             self.panel.optimizer.value = config.optimizer or AS_IS
+            self.panel.set_gpus(config.world_size)
+            if config.parallel is not None:
+                self.panel.strategy.value = config.parallel
 
     @property
     def applied(self) -> Applied:
@@ -131,8 +163,16 @@ class Tuner(widgets.VBox):
         return self._applied
 
     def apply(self) -> Applied:
-        """Apply the panel's configuration (reverting any earlier one first)."""
-        return self._apply(self.config)
+        """Apply the panel's configuration (reverting any earlier one first).
+
+        A parallel configuration is applied without its GPUs and strategy: it would wrap or
+        shard the model for a process group this kernel does not have. The panel says so.
+        """
+        config = self.config
+        applied = self._apply(config.single)
+        if config.parallel is not None:
+            self.panel.say("info", [parallel_not_applied(config)])
+        return applied
 
     def revert(self) -> None:
         """Undo the applied configuration; the optimizer variable gets its original object back."""
@@ -155,6 +195,41 @@ class Tuner(widgets.VBox):
         config = self.config
         result = self._measure_all([config], keep=True)[-1]
         return result.report if self.trial is None and result.report is not None else result
+
+    def estimate_gpus(
+        self, counts: Sequence[int] = GPU_COUNTS, strategies: Sequence[str] = PARALLELS
+    ) -> list[Estimate]:
+        """Estimate the panel's configuration on each count of GPUs with each strategy.
+
+        One GPU is estimated once, without a strategy. The per-rank chart shows each rank's
+        predicted peak against the budget; an estimate that fails shows its reason in the
+        panel's messages (and has ``peak_bytes`` None). Returns the estimates in chart order.
+        """
+        if self.trial is None:
+            raise RuntimeError(NEEDS_TRIAL)
+        configs = gpu_choices(self.config, counts, strategies)
+        if self._busy:
+            raise RuntimeError("the tuner is already measuring")
+        self._busy = True
+        self.panel.progress.max, self.panel.progress.value = len(configs), 0
+        found: list[Estimate] = []
+        try:
+            with self._trial_scope():
+                for i, config in enumerate(configs, 1):
+                    self.panel.status.value = f"estimating {i} of {len(configs)}: {config}"
+                    found.append(_estimate(self.trial, config))
+                    self.panel.progress.value = i
+        finally:
+            self._busy = False
+        self.gpu_estimates, self._gpu_base = found, configs[0].single
+        failed = [e for e in found if e.peak_bytes is None]
+        self.panel.say(
+            "warning",
+            [f"{choice_label(e.config)}: not estimated: {e.reason}" for e in failed],
+        )
+        self.panel.status.value = f"estimated {len(found) - len(failed)} of {len(found)} choices"
+        self._refresh()
+        return found
 
     def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
         """Measure each configuration in turn (baseline first if needed); the panel's state is kept."""
@@ -290,6 +365,12 @@ class Tuner(widgets.VBox):
     def _measure(self, config: Config) -> TrialResult:
         if self.trial is not None:
             return self.trial.run(config)
+        if config.parallel is not None:
+            raise RuntimeError(
+                f"measuring {choice_label(config)} forks its ranks through a trial: "
+                "tune(model, 'opt', trial=Trial(model, batch, loss_fn)); the re-run cell runs "
+                "in this one process, on 1 GPU"
+            )
         if self._applied is None or self._applied.config != config:
             self._apply(config)
         return self._run_cell(config)
@@ -358,6 +439,7 @@ class Tuner(widgets.VBox):
         )
         actions: dict[str, Callable[[], object]] = {
             "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,
+            GPUS_BUTTON: self.estimate_gpus,
         }  # fmt: skip
         for name, action in actions.items():
             panel.buttons[name].on_click(self._guard(action))
@@ -387,6 +469,17 @@ class Tuner(widgets.VBox):
     def _refresh(self) -> None:
         self.panel.show(self.rows)
         self._show_blocks()
+        self._show_ranks()
+
+    def _show_ranks(self) -> None:
+        """The per-rank chart: the last GPU estimates, with the runs of their techniques."""
+        base = self._gpu_base
+        if base is None:  # nothing estimated: the latest measured parallel run's techniques
+            runs = [r.config.single for r in self.results if r.config.parallel is not None]
+            base = runs[-1] if runs else None
+        groups = rank_groups(self.gpu_estimates, self.results, base)
+        title = "peak per GPU" if base is None or base == Config() else f"peak per GPU: {base}"
+        self.panel.ranks.update(groups, self.budget_bytes, title)
 
     def _show_blocks(self) -> None:
         """The block bars from the latest run whose report has the peak by module."""
@@ -398,6 +491,29 @@ class Tuner(widgets.VBox):
                 self.panel.block_bars.update(figures, f"{r.label}{status}")
                 return
         self.panel.block_bars.update({})
+
+
+def parallel_not_applied(config: Config) -> str:
+    """Why Apply left out the GPUs and strategy of ``config``."""
+    rest = config.single
+    applied = "nothing (the model as it is)" if rest == Config() else str(rest)
+    return (
+        f"Apply left out {choice_label(config)}: a parallel configuration is never put on this "
+        f'kernel\'s model, only estimated ("{GPUS_BUTTON}") or measured on its ranks '
+        f"(Re-run, with a trial). Applied: {applied}."
+    )
+
+
+def _estimate(trial: Trial, config: Config) -> Estimate:
+    """``trial.estimate(config=config)``; an exception becomes an estimate that says why."""
+    try:
+        return trial.estimate(config=config)
+    except Exception as exc:  # one choice that cannot be estimated leaves the others
+        return Estimate(
+            label=str(config), device=str(trial.device), peak_bytes=None,
+            peak_reserved_bytes=None, breakdown=None, phase=None,
+            reason=f"{type(exc).__name__}: {exc}", config=config,
+        )  # fmt: skip
 
 
 def tune(

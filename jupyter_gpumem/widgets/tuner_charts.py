@@ -1,8 +1,10 @@
 """The technique tuner's widgets without behaviour: the form, the results table and the charts.
 
-`jupyter_gpumem.widgets.tuner.Tuner` wires the buttons to its methods. A row is the plain dict that `Tuner.rows` returns: bytes as ints, times in ms, percentages as
-floats, ``None`` where a number is unknown. Units are spelled only here, through
-`jupyter_gpumem.units`; every piece of text that reaches HTML is escaped.
+`jupyter_gpumem.widgets.tuner.Tuner` wires the buttons to its methods; the per-rank chart of
+"Will it fit on N GPUs?" is `jupyter_gpumem.widgets.rank_chart`. A row is the plain dict that
+`Tuner.rows` returns: bytes as ints, times in ms, percentages as floats, ``None`` where a number
+is unknown. Units are spelled only here, through `jupyter_gpumem.units`; every piece of text
+that reaches HTML is escaped.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Any
 import ipywidgets as widgets
 from bqplot import Axis, Bars, Figure, LinearScale, OrdinalScale, Scatter
 
-from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS
+from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS
 from jupyter_gpumem.units import format_bytes
 from jupyter_gpumem.widgets.block_bars import BlockBars
+from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
 
 __all__ = [
     "AS_IS",
     "CATEGORY_COLORS",
+    "GPUS_BUTTON",
     "BreakdownChart",
     "Panel",
     "TradeoffChart",
@@ -401,6 +405,14 @@ def _milliseconds(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
+GPUS_BUTTON = "Will it fit on N GPUs?"
+
+
+def gpu_options(counts: Sequence[int]) -> list[tuple[str, int]]:
+    """The GPUs dropdown's choices: ``("1 GPU", 1), ("2 GPUs", 2), ...``."""
+    return [(f"{n} GPU" + ("s" if n > 1 else ""), n) for n in counts]
+
+
 def message_html(kind: str, text: str) -> str:
     """One escaped line of panel text, coloured by ``kind`` ("error", "warning" or "info")."""
     return f'<div style="color:{MESSAGE_COLORS.get(kind, "inherit")}">{html.escape(text)}</div>'
@@ -445,6 +457,21 @@ class Panel:
             value=AS_IS,
             description="optimizer",
         )
+        # How many GPUs, and how the model is spread over them (ignored on one GPU).
+        self.gpus = widgets.Dropdown(
+            options=gpu_options(GPU_COUNTS),
+            value=1,
+            description="GPUs",
+            layout=widgets.Layout(width="150px"),
+        )
+        self.strategy = widgets.Dropdown(
+            options=list(PARALLELS),
+            value=PARALLELS[0],
+            description="strategy",
+            disabled=True,
+            layout=widgets.Layout(width="190px"),
+        )
+        self.gpus.observe(self._on_gpus, names="value")
         self.budget = widgets.Text(
             description="budget", placeholder="e.g. 12GiB", continuous_update=False
         )
@@ -458,7 +485,8 @@ class Panel:
         self.buttons = {
             name: widgets.Button(description=name, button_style=style)
             for name, style in (
-                ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"), ("Fit to budget", "info")
+                ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"),
+                ("Fit to budget", "info"), (GPUS_BUTTON, "warning"),
             )
         }  # fmt: skip
         self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
@@ -467,6 +495,7 @@ class Panel:
         self.table = widgets.HTML(rows_html([]))
         self.fit_text = widgets.HTML()
         self.breakdown, self.tradeoff = BreakdownChart(), TradeoffChart()
+        self.ranks = RankChart()  # empty until something ran or was estimated on GPUs
         self.cell_output = widgets.Output()
         self.children: list[widgets.Widget] = [
             widgets.HTML(title_html),
@@ -477,7 +506,7 @@ class Panel:
                     widgets.VBox([self.all_blocks, self.every, self.regex]),
                 ]
             ),
-            widgets.HBox([self.precision, self.optimizer]),
+            widgets.HBox([self.precision, self.optimizer, self.gpus, self.strategy]),
             widgets.HBox(list(self.buttons.values())),
             widgets.HBox(
                 [
@@ -491,9 +520,20 @@ class Panel:
             self.messages,
             self.table,
             widgets.HBox([self.breakdown.widget, self.tradeoff.figure]),
+            self.ranks.widget,
             self.fit_text,
             widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
         ]
+
+    def set_gpus(self, count: int) -> None:
+        """Select ``count`` GPUs, offering it first if the list lacks it."""
+        counts = [value for _, value in self.gpus.options]
+        if count not in counts:
+            self.gpus.options = gpu_options(sorted({*counts, count}))
+        self.gpus.value = count
+
+    def _on_gpus(self, change: dict[str, Any]) -> None:
+        self.strategy.disabled = change["new"] == 1
 
     def say(self, kind: str, lines: Sequence[str]) -> None:
         """Add lines to the message area."""

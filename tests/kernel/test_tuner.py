@@ -14,11 +14,13 @@ from torch import nn
 from jupyter_gpumem import report_log as history
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.estimate import Estimate, config_of
 from jupyter_gpumem.tuner.plan import Plan
 from jupyter_gpumem.tuner.trial import Trial, TrialResult
 from jupyter_gpumem.units import SIZE_HELP, format_bytes
-from jupyter_gpumem.widgets.tuner import FP16_HELP, Tuner, tune
-from jupyter_gpumem.widgets.tuner_charts import plan_html, rows_html, rows_text
+from jupyter_gpumem.widgets.rank_chart import COLORS
+from jupyter_gpumem.widgets.tuner import FP16_HELP, NEEDS_TRIAL, Tuner, tune
+from jupyter_gpumem.widgets.tuner_charts import GPUS_BUTTON, plan_html, rows_html, rows_text
 
 LOOP = (
     "%%gpumem --quiet\n"
@@ -409,3 +411,169 @@ def test_dropdowns_show_the_model_as_it_is(shell: InteractiveShell, ns: dict[str
         tune(ns["model"], "opt2", shell=shell).panel.optimizer.label == "sgd-momentum (as is: opt2)"
     )
     assert tune(ns["model"], "missing", shell=shell).panel.optimizer.label == "as is (missing)"
+
+
+# -- GPUs and strategy: "Will it fit on N GPUs?" ---------------------------------------------
+
+X = "\N{MULTIPLICATION SIGN}"  # as Config labels its ranks
+MiB = 2**20
+
+
+def test_gpus_and_strategy_selectors_round_trip_through_config(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    gpus, strategy = tuner.panel.gpus, tuner.panel.strategy
+    assert [label for label, _ in gpus.options] == ["1 GPU", "2 GPUs", "4 GPUs", "8 GPUs"]
+    assert list(strategy.options) == ["ddp", "fsdp2"]
+    assert gpus.value == 1 and strategy.disabled  # one GPU: no strategy to choose
+    assert tuner.config == Config()
+    gpus.value, strategy.value = 4, "fsdp2"
+    assert not strategy.disabled
+    assert tuner.config == Config(parallel="fsdp2", world_size=4)
+    gpus.value = 1  # the strategy is kept for later but is not part of a 1-GPU configuration
+    assert tuner.config == Config() and strategy.disabled
+    for config in (
+        Config(checkpoint="blocks", precision="bf16", parallel="ddp", world_size=8),
+        Config(optimizer="sgd", parallel="fsdp2", world_size=2),
+        Config(checkpoint="blocks"),
+        Config(parallel="ddp", world_size=3),  # not offered: the dropdown gains it
+    ):
+        tuner.set(config)
+        assert tuner.config == config
+        assert strategy.disabled == (config.parallel is None)
+    assert [n for _, n in gpus.options] == [1, 2, 3, 4, 8] and gpus.label == "3 GPUs"
+
+
+def test_apply_leaves_the_gpus_out_and_says_so(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    original = ns["opt"]
+    tuner.set(Config(checkpoint="blocks", optimizer="sgd", parallel="fsdp2", world_size=4))
+    tuner.panel.buttons["Apply"].click()
+    assert tuner.applied.config == Config(checkpoint="blocks", optimizer="sgd")
+    assert isinstance(ns["opt"], torch.optim.SGD)  # the rest of the configuration is applied
+    assert not isinstance(ns["model"], nn.parallel.DistributedDataParallel)
+    assert all(p.device.type == "cpu" and p.dim() for p in ns["model"].parameters())  # unsharded
+    messages = tuner.panel.messages.value
+    assert f"Apply left out fsdp2 {X} 4" in messages and "never put on this" in messages
+    assert "Applied: ckpt blocks · sgd." in messages and tuner.panel.status.value != "failed"
+    tuner.revert()
+    assert ns["opt"] is original
+
+
+class MadeUpRanks(Trial):
+    """A trial whose parallel estimates and runs are made up, until the real ones are wired.
+
+    One GPU is the real CPU estimate and run. Each rank of n holds a 1/n share of 64 MiB with
+    DDP (replicated: all of it) and rank r another r MiB; FSDP2 on 8 has no estimate, and DDP on
+    4 raises.
+    """
+
+    calls: list[Config]
+
+    def estimate(self, batch: Any = None, **config: Any) -> Estimate:
+        chosen = config_of(config)
+        self.calls = [*getattr(self, "calls", []), chosen]
+        if chosen.parallel is None:
+            return super().estimate(batch, **config)
+        if chosen.parallel == "ddp" and chosen.world_size == 4:
+            raise RuntimeError("the fake group <broke>")
+        n = chosen.world_size
+        reason = "no fake process group for 8 ranks" if n == 8 else None
+        ranks = tuple(
+            Estimate(str(chosen), "cpu", None if reason else self._share(chosen, r), None, None,
+                     None, reason, config=chosen, rank=r)
+            for r in range(n)
+        )  # fmt: skip
+        peak = None if reason else max(e.peak_bytes or 0 for e in ranks)
+        return Estimate(str(chosen), "cpu", peak, None, None, None, reason, config=chosen,
+                        ranks=ranks)  # fmt: skip
+
+    def run(self, config: Config) -> TrialResult:
+        if config.parallel is None:
+            return super().run(config)
+        ranks = tuple(
+            TrialResult(config, str(config), "ok", None, self._share(config, r) + MiB // 2, None,
+                        None, 0.01, (0.01,), (), rank=r)
+            for r in range(config.world_size)
+        )  # fmt: skip
+        top = max(r.peak_allocated_bytes or 0 for r in ranks)
+        return TrialResult(config, str(config), "ok", None, top, None, None, 0.01, (0.01,), (),
+                           ranks=ranks)  # fmt: skip
+
+    @staticmethod
+    def _share(config: Config, rank: int) -> int:
+        whole = 64 * MiB if config.parallel == "ddp" else 64 * MiB // config.world_size
+        return whole + rank * MiB
+
+
+def test_will_it_fit_estimates_each_choice_and_draws_each_rank(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    trial = MadeUpRanks(ns["model"], ns["x"], _loss, optimizer=ns["opt"], warmup=1, steps=2)
+    tuner = tune(ns["model"], "opt", trial=trial, shell=shell, budget="40MiB")
+    chart = tuner.panel.ranks
+    assert chart.widget.children == ()  # nothing estimated yet: no chart
+    tuner.set(Config(checkpoint="blocks", parallel="fsdp2", world_size=2))
+    tuner.panel.buttons[GPUS_BUTTON].click()
+    assert [(c.parallel, c.world_size) for c in trial.calls] == [
+        (None, 1), ("ddp", 2), ("fsdp2", 2), ("ddp", 4), ("fsdp2", 4), ("ddp", 8), ("fsdp2", 8)
+    ]  # fmt: skip
+    assert {c.single for c in trial.calls} == {Config(checkpoint="blocks")}
+    found = tuner.gpu_estimates
+    assert [e.config for e in found] == trial.calls
+    one = found[0]
+    assert one.peak_bytes is not None and one.peak_bytes > 0  # the real CPU estimate
+    assert [e.peak_bytes is None for e in found] == [False, False, False, True, False, True, True]
+    messages = tuner.panel.messages.value
+    assert f"ddp {X} 4: not estimated: RuntimeError: the fake group &lt;broke&gt;" in messages
+    assert f"fsdp2 {X} 8: not estimated: no fake process group for 8 ranks" in messages
+    assert tuner.panel.status.value == "estimated 4 of 7 choices"
+    assert len(chart.widget.children) == 2
+    labels = ["1 GPU", *(f"{s} {X} {n}" for n in (2, 4, 8) for s in ("ddp", "fsdp2"))]
+    assert list(chart.x_axis.tick_labels.values()) == labels  # the failed ones keep their place
+    assert chart.figure.title == "peak per GPU: ckpt blocks"
+    est = [p for p in chart.points if p.kind == "estimated"]
+    assert [(p.group, p.rank, p.peak_bytes) for p in est] == [
+        ("1 GPU", 0, one.peak_bytes),
+        (f"ddp {X} 2", 0, 64 * MiB), (f"ddp {X} 2", 1, 65 * MiB),
+        (f"fsdp2 {X} 2", 0, 32 * MiB), (f"fsdp2 {X} 2", 1, 33 * MiB),
+        *((f"fsdp2 {X} 4", r, (16 + r) * MiB) for r in range(4)),
+    ]  # fmt: skip
+    assert [p.rank for p in est if p.worst] == [0, 1, 1, 3]
+    assert list(chart.budget.y) == [40.0, 40.0]  # the panel's budget, in MiB
+    table = chart.table.value
+    assert f"fsdp2 {X} 4" in table and "19.0 MiB" in table and "not estimated" in table
+
+    # Re-run with GPUs > 1 measures through the trial: the same chart, outlined.
+    result = tuner.rerun()
+    assert isinstance(result, TrialResult) and len(result.ranks) == 2
+    assert [r["configuration"] for r in tuner.rows] == ["baseline", f"ckpt blocks · fsdp2 {X} 2"]
+    assert list(chart.measured.y) == [32.5, 33.5] and not chart.measured.fill
+    assert list(chart.measured.colors) == [COLORS["rank"], COLORS["worst"]]
+    assert list(chart.measured.x) == [p.x for p in est if p.group == f"fsdp2 {X} 2"]
+    tuner.panel.budget.value = ""  # no budget: no line
+    assert list(chart.budget.y) == []
+
+    with pytest.raises(ValueError, match="whole numbers >= 1"):
+        tuner.estimate_gpus((0,))
+    with pytest.raises(ValueError, match="strategies are some of ddp, fsdp2"):
+        tuner.estimate_gpus((2,), ("tp",))
+    assert tuner.estimate_gpus((2,), ("ddp",))[0].config.world_size == 2
+    assert list(chart.x_axis.tick_labels.values()) == [f"ddp {X} 2", f"fsdp2 {X} 2"]
+
+
+def test_without_a_trial_the_gpus_button_says_what_it_needs(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.panel.buttons[GPUS_BUTTON].click()
+    assert "estimates on GPUs need a trial: tune(model, &#x27;opt&#x27;, trial=Trial(" in (
+        tuner.panel.messages.value
+    )
+    with pytest.raises(RuntimeError, match=re.escape(NEEDS_TRIAL)):
+        tuner.estimate_gpus()
+    _run_loop(shell)
+    tuner.set(Config(parallel="ddp", world_size=2))
+    tuner.panel.buttons["Re-run"].click()  # the cell runs in this one process
+    assert f"measuring ddp {X} 2 forks its ranks through a trial" in tuner.panel.messages.value

@@ -1,10 +1,11 @@
-"""The timeline drawn as a bqplot figure and as a static SVG."""
+"""The timeline drawn as a bqplot figure and as a static SVG; the tuner's per-rank chart."""
 
 from __future__ import annotations
 
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,20 @@ from bqplot import Label, Lines, Scatter
 
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
 from jupyter_gpumem.report.svg import LEGEND_TEXT, PHASE_COLORS, SERIES_COLORS, timeline_svg
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.estimate import Estimate
+from jupyter_gpumem.tuner.trial import TrialResult
 from jupyter_gpumem.widgets.charts import TimelineFigure, timeline_figure
+from jupyter_gpumem.widgets.rank_chart import (
+    COLORS,
+    RankChart,
+    RankGroup,
+    RankPoint,
+    gpu_choices,
+    rank_groups,
+    rank_points,
+    worst_rows,
+)
 
 GiB, MiB = 2**30, 2**20
 SVG = "{http://www.w3.org/2000/svg}"
@@ -248,3 +262,174 @@ def test_cpu_fixture_timeline_draws_one_series() -> None:
     ]
     (label,) = [m for m in fig.marks if isinstance(m, Label)]
     assert label.align == "end"  # the peak comes at 95% of the cell: the label ends at it
+
+
+# -- the tuner's per-rank chart ("Will it fit on N GPUs?") -------------------------------------
+
+
+def estimate(config: Config, *peaks: int | None, reason: str | None = None) -> Estimate:
+    """An estimate of ``config`` whose ranks peak at ``peaks`` (one figure: no ranks)."""
+
+    def one(peak: int | None, rank: int | None, ranks: tuple[Estimate, ...] = ()) -> Estimate:
+        return Estimate(str(config), "cuda:0", peak, peak, None, None, reason, config=config,
+                        rank=rank, ranks=ranks)  # fmt: skip
+
+    if len(peaks) == 1:
+        return one(peaks[0], None)
+    ranks = tuple(one(p, r) for r, p in enumerate(peaks))
+    known = [p for p in peaks if p is not None]
+    return one(max(known) if known else None, None, ranks)
+
+
+def measured(config: Config, *peaks: int | None, status: str = "ok") -> TrialResult:
+    """A measurement of ``config``: rank 1 has ``status`` when it is not ok."""
+
+    def one(peak: int | None, rank: int | None, st: str = "ok") -> TrialResult:
+        error = None if st == "ok" else "CUDA out of memory <b>"
+        return TrialResult(config, str(config), st, error, peak, peak, None, 0.1, (0.1,), (),
+                           rank=rank)  # fmt: skip
+
+    if len(peaks) == 1:
+        return one(peaks[0], None)
+    ranks = tuple(one(p, r, status if r == 1 else "ok") for r, p in enumerate(peaks))
+    top = max(p for p in peaks if p is not None)
+    return replace(one(top, None, status), ranks=ranks)
+
+
+X = "\N{MULTIPLICATION SIGN}"  # as Config labels its ranks
+BASE = Config(checkpoint="blocks")
+DDP2 = replace(BASE, parallel="ddp", world_size=2)
+FSDP2 = replace(BASE, parallel="fsdp2", world_size=2)
+FSDP4 = replace(BASE, parallel="fsdp2", world_size=4)
+
+
+def test_gpu_choices_are_one_gpu_once_then_each_count_with_each_strategy() -> None:
+    choices = gpu_choices(replace(FSDP4, precision="bf16"), (4, 1, 2), ("fsdp2", "ddp"))
+    assert [(c.parallel, c.world_size) for c in choices] == [
+        (None, 1), ("fsdp2", 2), ("ddp", 2), ("fsdp2", 4), ("ddp", 4)
+    ]  # fmt: skip
+    assert {c.single for c in choices} == {replace(BASE, precision="bf16")}  # the same techniques
+    assert [c.world_size for c in gpu_choices(Config(), [8], "ddp")] == [8]
+    assert gpu_choices(Config(), (1,), ()) == [Config()]
+    for counts in ((), (0, 2), (2.0,), (True,), "1248"):
+        with pytest.raises(ValueError, match=r"whole numbers >= 1, e\.g\. \(1, 2, 4, 8\)"):
+            gpu_choices(Config(), counts)  # type: ignore[arg-type]  # bad on purpose
+    with pytest.raises(ValueError, match="strategies are some of ddp, fsdp2; got 'zero3'"):
+        gpu_choices(Config(), (2,), ("zero3",))
+    with pytest.raises(ValueError, match="got none"):
+        gpu_choices(Config(), (2,), ())
+
+
+def test_groups_take_each_ranks_estimate_and_the_runs_of_the_same_techniques() -> None:
+    estimates = [
+        estimate(BASE, 90 * MiB),
+        estimate(DDP2, 95 * MiB, 95 * MiB),
+        estimate(FSDP2, 50 * MiB, 61 * MiB),
+        estimate(FSDP4, None, reason="fsdp2 needs <a GPU>"),
+    ]
+    results = [
+        measured(FSDP2, 40 * MiB, 44 * MiB),  # replaced by the later run of fsdp2 on 2 GPUs
+        measured(FSDP2, 52 * MiB, 60 * MiB),
+        measured(replace(DDP2, precision="bf16"), 1 * MiB, 1 * MiB),  # other techniques: left out
+        measured(replace(BASE, parallel="ddp", world_size=8), *(70 * MiB,) * 8, status="oom"),
+    ]
+    groups = rank_groups(estimates, results, BASE)
+    assert [g.label for g in groups] == [
+        "1 GPU",
+        f"ddp {X} 2",
+        f"fsdp2 {X} 2",
+        f"fsdp2 {X} 4",
+        f"ddp {X} 8",
+    ]
+    one, ddp, fsdp, failed, oom = groups
+    assert (one.estimated, one.measured, one.world_size) == ((90 * MiB,), (), 1)
+    assert ddp.estimated == (95 * MiB, 95 * MiB) and ddp.worst("estimated") == 0  # ties: first
+    assert (fsdp.estimated, fsdp.measured) == ((50 * MiB, 61 * MiB), (52 * MiB, 60 * MiB))
+    assert fsdp.worst("estimated") == fsdp.worst("measured") == 1
+    assert (failed.estimated, failed.reason, failed.worst("estimated")) == (
+        (), "fsdp2 needs <a GPU>", None
+    )  # fmt: skip
+    assert oom.estimated == () and oom.measured == (70 * MiB,) * 8
+    assert oom.status == "rank 1 oom: CUDA out of memory <b>"
+    assert rank_groups(estimates, results, None) == rank_groups(estimates, [], None)
+
+
+def test_points_spread_each_groups_ranks_around_its_centre_and_mark_the_worst() -> None:
+    groups = [
+        RankGroup("1 GPU", 1, (90,), (88,)),
+        RankGroup(f"fsdp2 {X} 2", 2, (50, 61), (52, None)),
+        RankGroup(f"fsdp2 {X} 8", 8, tuple(range(10, 18))),
+    ]
+    points = rank_points(groups)
+    est = [p for p in points if p.kind == "estimated"]
+    assert [(p.group, p.rank, p.peak_bytes, p.worst) for p in est[:3]] == [
+        ("1 GPU", 0, 90, True), (f"fsdp2 {X} 2", 0, 50, False), (f"fsdp2 {X} 2", 1, 61, True)
+    ]  # fmt: skip
+    assert [p.x for p in est[:3]] == pytest.approx([0.0, 0.92, 1.08])
+    eight = [p.x for p in est if p.group == f"fsdp2 {X} 8"]
+    assert eight == pytest.approx([2 - 0.35 + 0.1 * r for r in range(8)])  # 0.7 wide at most
+    assert [p.rank for p in est if p.worst] == [0, 1, 7]
+    runs = [p for p in points if p.kind == "measured"]
+    assert runs == [  # a rank without a figure has no point; the outlined one sits on its estimate
+        RankPoint(0.0, 88, "measured", 0, True, "1 GPU"),
+        RankPoint(pytest.approx(0.92), 52, "measured", 0, True, f"fsdp2 {X} 2"),  # type: ignore[arg-type]
+    ]
+
+
+def test_chart_draws_filled_estimates_outlined_runs_the_worst_in_red_and_the_budget() -> None:
+    chart = RankChart()
+    assert chart.widget.children == ()  # nothing shown before anything is estimated or run
+    groups = rank_groups(
+        [estimate(BASE, 90 * MiB), estimate(FSDP2, 50 * MiB, 61 * MiB)],
+        [measured(FSDP2, 52 * MiB, 60 * MiB)],
+        BASE,
+    )
+    chart.update(groups, 64 * MiB, "peak per GPU: ckpt blocks")
+    assert len(chart.widget.children) == 2  # the figure with its legend, the table beside
+    assert chart.figure.title == "peak per GPU: ckpt blocks"
+    assert chart.estimated.fill and not chart.measured.fill
+    assert list(chart.estimated.y) == [90.0, 50.0, 61.0]  # MiB
+    assert list(chart.estimated.colors) == [COLORS["worst"], COLORS["rank"], COLORS["worst"]]
+    assert list(chart.measured.y) == [52.0, 60.0]
+    assert list(chart.measured.x) == list(chart.estimated.x)[1:]  # on their estimates
+    assert list(chart.measured.colors) == [COLORS["rank"], COLORS["worst"]]
+    assert (list(chart.budget.x), list(chart.budget.y)) == ([-0.5, 1.5], [64.0, 64.0])
+    assert chart.budget.line_style == "dashed"
+    assert (chart.x.min, chart.x.max) == (-0.5, 1.5)
+    assert chart.y.max == pytest.approx(90 * 1.12)  # headroom above the highest point
+    assert list(chart.x_axis.tick_values) == [0, 1]
+    assert chart.x_axis.tick_labels == {0: "1 GPU", 1: f"fsdp2 {X} 2"}
+    assert chart.y_axis.label == "peak per GPU (MiB)"
+    legend = re.sub(r"<[^>]+>", " ", chart.legend.value).split()
+    assert " ".join(legend) == "estimated measured worst rank budget 64.0 MiB per GPU"
+    assert worst_rows(chart.groups, 64 * MiB) == [
+        ["1 GPU", "0", "90.0 MiB", "", "no", ""],
+        [f"fsdp2 {X} 2", "1", "61.0 MiB", "60.0 MiB", "yes", ""],  # fits: judged by the measurement
+    ]
+    assert "<th" in chart.table.value and "notes" not in chart.table.value  # empty column left out
+
+    chart.update(groups, None)  # no budget: no line, nothing fits or not
+    assert (list(chart.budget.x), list(chart.budget.y)) == ([], [])
+    assert "budget" not in chart.legend.value and "fits" not in chart.table.value
+    chart.update([], None)
+    assert chart.widget.children == ()
+
+
+def test_chart_scales_to_the_budget_in_gib_and_escapes_reasons() -> None:
+    chart = RankChart()
+    groups = rank_groups(
+        [estimate(BASE, 3 * GiB), estimate(FSDP4, None, reason="<script>x</script>")],
+        [measured(replace(BASE, parallel="ddp", world_size=8), *(5 * GiB,) * 8, status="oom")],
+        BASE,
+    )
+    chart.update(groups, 16 * GiB)
+    assert chart.y_axis.label == "peak per GPU (GiB)"
+    assert chart.y.max == pytest.approx(16 * 1.12)  # the budget line stays in the plot
+    assert list(chart.estimated.y) == [3.0] and list(chart.measured.y) == [5.0] * 8
+    assert chart.x_axis.tick_labels == {0: "1 GPU", 1: f"fsdp2 {X} 4", 2: f"ddp {X} 8"}
+    rows = worst_rows(chart.groups, 16 * GiB)
+    assert rows[1] == [f"fsdp2 {X} 4", "", "", "", "", "not estimated: <script>x</script>"]
+    assert rows[2][4:] == ["yes", "rank 1 oom: CUDA out of memory <b>"]
+    table = chart.table.value
+    assert "<script>" not in table and "&lt;script&gt;x&lt;/script&gt;" in table
+    assert "<b>" not in table and "memory &lt;b&gt;" in table
