@@ -3,8 +3,10 @@
 "Will it fit on N GPUs?" estimates the panel's configuration for each count of GPUs and each
 strategy (`jupyter_gpumem.widgets.tuner.Tuner.estimate_gpus`); Re-run with GPUs > 1 measures
 one. Both become groups here, one per choice (1 GPU, DDP on 2, ...), with one point per rank:
-estimates filled, measurements outlined, the worst rank of each in red, under the budget line.
-Every rank holds its own GPU, so the budget applies to each point, not to their sum.
+estimates filled, measurements outlined, under the budget line. Where a group's ranks differ,
+the worst (the ranks at its highest peak) are red; where they all peak alike, none is singled
+out and the table says "all". Every rank holds its own GPU, so the budget applies to each
+point, not to their sum.
 
 `gpu_choices`, `rank_groups` and `rank_points` are pure functions of the records, tested without
 a browser; `RankChart` draws their output with bqplot, an HTML legend and a table of the worst
@@ -97,11 +99,28 @@ class RankGroup:
     reason: str | None = None  # why the estimate failed
     status: str | None = None  # the measurement's status where it is not "ok", with its error
 
-    def worst(self, kind: str) -> int | None:
-        """The rank with the largest ``kind`` ("estimated" or "measured") peak; the first on ties."""
-        peaks = self.estimated if kind == "estimated" else self.measured
-        known = [(n, -rank) for rank, n in enumerate(peaks) if n is not None]
-        return -max(known)[1] if known else None
+    def peaks(self, kind: str) -> tuple[int | None, ...]:
+        """The ``kind`` ("estimated" or "measured") figures, one per rank."""
+        return self.estimated if kind == "estimated" else self.measured
+
+    def peak(self, kind: str) -> int | None:
+        """The worst rank's ``kind`` peak: what must fit on each GPU."""
+        return max((n for n in self.peaks(kind) if n is not None), default=None)
+
+    def worst(self, kind: str) -> tuple[int, ...]:
+        """The ranks at the highest ``kind`` peak, where some other rank is below it; else ()."""
+        top = self.peak(kind)
+        known = [(rank, n) for rank, n in enumerate(self.peaks(kind)) if n is not None]
+        if top is None or all(n == top for _, n in known):
+            return ()
+        return tuple(rank for rank, n in known if n == top)
+
+    def worst_text(self, kind: str) -> str:
+        """`worst` in words: ``"1, 3"``, ``"all"`` where every rank peaks alike, ``""`` for one."""
+        known = [n for n in self.peaks(kind) if n is not None]
+        if len(known) < 2:
+            return ""
+        return ", ".join(map(str, self.worst(kind))) or "all"
 
 
 @dataclass(frozen=True)
@@ -112,7 +131,7 @@ class RankPoint:
     peak_bytes: int
     kind: str  # "estimated" (filled) or "measured" (outlined)
     rank: int
-    worst: bool
+    worst: bool  # one of the group's worst ranks, where its ranks differ
     group: str
 
 
@@ -180,10 +199,10 @@ def rank_points(groups: Sequence[RankGroup]) -> list[RankPoint]:
     points: list[RankPoint] = []
     for kind in ("estimated", "measured"):
         for i, group in enumerate(groups):
-            peaks = group.estimated if kind == "estimated" else group.measured
+            peaks = group.peaks(kind)
             worst, step = group.worst(kind), _spread(len(peaks))
             points.extend(
-                RankPoint(i + (rank - (len(peaks) - 1) / 2) * step, n, kind, rank, rank == worst,
+                RankPoint(i + (rank - (len(peaks) - 1) / 2) * step, n, kind, rank, rank in worst,
                           group.label)
                 for rank, n in enumerate(peaks)
                 if n is not None
@@ -205,7 +224,7 @@ def legend_html(budget_bytes: int | None) -> str:
     items = [
         (_swatch(f"{dot};background:{COLORS['rank']}"), "estimated"),
         (_swatch(f"{dot};border:2px solid {COLORS['rank']}"), "measured"),
-        (_swatch(f"{dot};background:{COLORS['worst']}"), "worst rank"),
+        (_swatch(f"{dot};background:{COLORS['worst']}"), "worst rank, where ranks differ"),
     ]
     if budget_bytes is not None:
         line = f"width:1.4em;height:0;border-top:2px dashed {COLORS['budget']};vertical-align:.25em"
@@ -227,18 +246,18 @@ def _fits(peak: int | None, budget_bytes: int | None) -> str:
 
 
 def worst_rows(groups: Sequence[RankGroup], budget_bytes: int | None) -> list[list[str]]:
-    """The table under the chart: choice, worst rank, its estimate and measurement, fits, notes."""
+    """The table beside the chart: choice, worst rank, its peak estimated and measured, fits
+    (by the measurement where there is one), notes."""
     rows = []
     for g in groups:
-        est_rank, run_rank = g.worst("estimated"), g.worst("measured")
-        estimated = None if est_rank is None else g.estimated[est_rank]
-        measured = None if run_rank is None else g.measured[run_rank]
-        ranks = dict.fromkeys(r for r in (est_rank, run_rank) if r is not None)
+        estimated, measured = g.peak("estimated"), g.peak("measured")
+        said, ran = g.worst_text("estimated"), g.worst_text("measured")
+        worst = said if not ran or ran == said else ran if not said else f"{said} (measured {ran})"
         notes = [f"not estimated: {g.reason}"] if g.reason else []
         notes += [g.status] if g.status else []
         rows.append([
             g.label,
-            ", ".join(map(str, ranks)),
+            worst,
             format_bytes(estimated) if estimated is not None else "",
             format_bytes(measured) if measured is not None else "",
             _fits(measured if measured is not None else estimated, budget_bytes),
@@ -258,8 +277,9 @@ def worst_html(groups: Sequence[RankGroup], budget_bytes: int | None) -> str:
     head = "".join(
         f'<th style="{pad};white-space:nowrap">{html.escape(WORST_COLUMNS[i])}</th>' for i in keep
     )
+    over = ' style="color:var(--jp-error-color1,#c62828)"'
     body = "".join(
-        "<tr>"
+        f"<tr{over if r[4] == 'no' else ''}>"
         + "".join(
             f'<td style="{pad}{";white-space:nowrap" if i < 5 else ""}">{html.escape(r[i])}</td>'
             for i in keep

@@ -462,14 +462,16 @@ class Panel:
             options=gpu_options(GPU_COUNTS),
             value=1,
             description="GPUs",
-            layout=widgets.Layout(width="150px"),
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="150px", margin="2px 0 2px 24px"),
         )
         self.strategy = widgets.Dropdown(
             options=list(PARALLELS),
             value=PARALLELS[0],
             description="strategy",
             disabled=True,
-            layout=widgets.Layout(width="190px"),
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="160px", margin="2px 0 2px 16px"),
         )
         self.gpus.observe(self._on_gpus, names="value")
         self.budget = widgets.Text(
@@ -489,6 +491,7 @@ class Panel:
                 ("Fit to budget", "info"), (GPUS_BUTTON, "warning"),
             )
         }  # fmt: skip
+        self.buttons[GPUS_BUTTON].layout.width = "auto"  # its question whole
         self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
         self.status = widgets.Label("not measured yet")
         self.messages = widgets.HTML()

@@ -343,11 +343,13 @@ def test_groups_take_each_ranks_estimate_and_the_runs_of_the_same_techniques() -
     ]
     one, ddp, fsdp, failed, oom = groups
     assert (one.estimated, one.measured, one.world_size) == ((90 * MiB,), (), 1)
-    assert ddp.estimated == (95 * MiB, 95 * MiB) and ddp.worst("estimated") == 0  # ties: first
+    assert ddp.estimated == (95 * MiB, 95 * MiB) and ddp.worst("estimated") == ()  # alike
+    assert ddp.worst_text("estimated") == "all" and one.worst_text("estimated") == ""
     assert (fsdp.estimated, fsdp.measured) == ((50 * MiB, 61 * MiB), (52 * MiB, 60 * MiB))
-    assert fsdp.worst("estimated") == fsdp.worst("measured") == 1
+    assert fsdp.worst("estimated") == fsdp.worst("measured") == (1,)
+    assert (fsdp.peak("estimated"), fsdp.peak("measured")) == (61 * MiB, 60 * MiB)
     assert (failed.estimated, failed.reason, failed.worst("estimated")) == (
-        (), "fsdp2 needs <a GPU>", None
+        (), "fsdp2 needs <a GPU>", ()
     )  # fmt: skip
     assert oom.estimated == () and oom.measured == (70 * MiB,) * 8
     assert oom.status == "rank 1 oom: CUDA out of memory <b>"
@@ -359,20 +361,25 @@ def test_points_spread_each_groups_ranks_around_its_centre_and_mark_the_worst() 
         RankGroup("1 GPU", 1, (90,), (88,)),
         RankGroup(f"fsdp2 {X} 2", 2, (50, 61), (52, None)),
         RankGroup(f"fsdp2 {X} 8", 8, tuple(range(10, 18))),
+        RankGroup(f"ddp {X} 4", 4, (30, 31, 31, 30)),
+        RankGroup(f"ddp {X} 8", 8, (20,) * 8),
     ]
     points = rank_points(groups)
     est = [p for p in points if p.kind == "estimated"]
     assert [(p.group, p.rank, p.peak_bytes, p.worst) for p in est[:3]] == [
-        ("1 GPU", 0, 90, True), (f"fsdp2 {X} 2", 0, 50, False), (f"fsdp2 {X} 2", 1, 61, True)
-    ]  # fmt: skip
+        ("1 GPU", 0, 90, False), (f"fsdp2 {X} 2", 0, 50, False), (f"fsdp2 {X} 2", 1, 61, True)
+    ]  # fmt: skip  # one rank is no worse than itself
     assert [p.x for p in est[:3]] == pytest.approx([0.0, 0.92, 1.08])
     eight = [p.x for p in est if p.group == f"fsdp2 {X} 8"]
     assert eight == pytest.approx([2 - 0.35 + 0.1 * r for r in range(8)])  # 0.7 wide at most
-    assert [p.rank for p in est if p.worst] == [0, 1, 7]
+    # the worst where ranks differ, each of them on ties; none where all peak alike
+    assert [(p.group, p.rank) for p in est if p.worst] == [
+        (f"fsdp2 {X} 2", 1), (f"fsdp2 {X} 8", 7), (f"ddp {X} 4", 1), (f"ddp {X} 4", 2)
+    ]  # fmt: skip
     runs = [p for p in points if p.kind == "measured"]
     assert runs == [  # a rank without a figure has no point; the outlined one sits on its estimate
-        RankPoint(0.0, 88, "measured", 0, True, "1 GPU"),
-        RankPoint(pytest.approx(0.92), 52, "measured", 0, True, f"fsdp2 {X} 2"),  # type: ignore[arg-type]
+        RankPoint(0.0, 88, "measured", 0, False, "1 GPU"),
+        RankPoint(pytest.approx(0.92), 52, "measured", 0, False, f"fsdp2 {X} 2"),  # type: ignore[arg-type]
     ]
 
 
@@ -389,7 +396,7 @@ def test_chart_draws_filled_estimates_outlined_runs_the_worst_in_red_and_the_bud
     assert chart.figure.title == "peak per GPU: ckpt blocks"
     assert chart.estimated.fill and not chart.measured.fill
     assert list(chart.estimated.y) == [90.0, 50.0, 61.0]  # MiB
-    assert list(chart.estimated.colors) == [COLORS["worst"], COLORS["rank"], COLORS["worst"]]
+    assert list(chart.estimated.colors) == [COLORS["rank"], COLORS["rank"], COLORS["worst"]]
     assert list(chart.measured.y) == [52.0, 60.0]
     assert list(chart.measured.x) == list(chart.estimated.x)[1:]  # on their estimates
     assert list(chart.measured.colors) == [COLORS["rank"], COLORS["worst"]]
@@ -401,12 +408,16 @@ def test_chart_draws_filled_estimates_outlined_runs_the_worst_in_red_and_the_bud
     assert chart.x_axis.tick_labels == {0: "1 GPU", 1: f"fsdp2 {X} 2"}
     assert chart.y_axis.label == "peak per GPU (MiB)"
     legend = re.sub(r"<[^>]+>", " ", chart.legend.value).split()
-    assert " ".join(legend) == "estimated measured worst rank budget 64.0 MiB per GPU"
+    assert " ".join(legend) == (
+        "estimated measured worst rank, where ranks differ budget 64.0 MiB per GPU"
+    )
     assert worst_rows(chart.groups, 64 * MiB) == [
-        ["1 GPU", "0", "90.0 MiB", "", "no", ""],
+        ["1 GPU", "", "90.0 MiB", "", "no", ""],
         [f"fsdp2 {X} 2", "1", "61.0 MiB", "60.0 MiB", "yes", ""],  # fits: judged by the measurement
     ]
-    assert "<th" in chart.table.value and "notes" not in chart.table.value  # empty column left out
+    table = chart.table.value
+    assert "notes" not in table  # a column empty in every row is left out
+    assert table.count("<tr style=") == 1  # the row that does not fit, in the error colour
 
     chart.update(groups, None)  # no budget: no line, nothing fits or not
     assert (list(chart.budget.x), list(chart.budget.y)) == ([], [])
@@ -429,6 +440,7 @@ def test_chart_scales_to_the_budget_in_gib_and_escapes_reasons() -> None:
     assert chart.x_axis.tick_labels == {0: "1 GPU", 1: f"fsdp2 {X} 4", 2: f"ddp {X} 8"}
     rows = worst_rows(chart.groups, 16 * GiB)
     assert rows[1] == [f"fsdp2 {X} 4", "", "", "", "", "not estimated: <script>x</script>"]
+    assert rows[2][1] == "all"  # every rank peaks alike
     assert rows[2][4:] == ["yes", "rank 1 oom: CUDA out of memory <b>"]
     table = chart.table.value
     assert "<script>" not in table and "&lt;script&gt;x&lt;/script&gt;" in table
