@@ -170,11 +170,13 @@ def rank_groups(
 ) -> list[RankGroup]:
     """One group per choice: the estimates' choices in their order, then measured-only ones.
 
-    Only measurements of ``base``'s techniques are taken (``result.config.single == base``),
-    the latest of each choice; estimates are keyed by their own ``config``.
+    Only estimates and measurements of ``base``'s techniques are taken (``config.single ==
+    base``; none without a base), the latest measurement of each choice.
     """
     groups: dict[tuple[str | None, int], RankGroup] = {}
     for est in estimates:
+        if base is None or est.config.single != base:
+            continue
         key = (est.config.parallel, est.config.world_size)
         groups[key] = RankGroup(
             choice_label(est.config), est.config.world_size, _estimated(est), reason=est.reason

@@ -29,9 +29,9 @@ Known limitations:
       stored (as every notebook cell does).
     - A trial lifts the applied configuration while it runs and applies it afresh afterwards; an
       optimizer switch then names a new optimizer object, with empty state.
-    - The per-rank chart shows the techniques of the latest "Will it fit on N GPUs?" (or, before
-      one, of the latest measured parallel run); measurements of other techniques stay in the
-      table only.
+    - The per-rank chart shows one set of techniques: those of the latest "Will it fit on N
+      GPUs?" or parallel measurement. Runs of other techniques stay in the table, estimates of
+      other techniques in ``tuner.gpu_estimates``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Tuner(widgets.VBox):
         self.plan: Plan | None = None  # the last plan "Fit to budget" made (with a trial)
         self.gpu_estimates: list[Estimate] = []  # the last "Will it fit on N GPUs?", in order
         self._applied: Applied | None = None
-        self._gpu_base: Config | None = None  # the techniques of gpu_estimates
+        self._gpu_base: Config | None = None  # the techniques the per-rank chart shows
         self.budget_bytes: int | None = None
         self._ns: dict[str, Any] = shell.user_ns if shell is not None else {}
         self._original: Any = _MISSING
@@ -339,6 +339,8 @@ class Tuner(widgets.VBox):
             with self._trial_scope():
                 for i, config in enumerate(configs, 1):
                     self.panel.status.value = f"measuring {i} of {len(configs)}: {config}"
+                    if config.parallel is not None:
+                        self._gpu_base = config.single
                     out.append(self._measure(config))
                     self.results.append(out[-1])
                     self.panel.progress.value = i
@@ -472,11 +474,8 @@ class Tuner(widgets.VBox):
         self._show_ranks()
 
     def _show_ranks(self) -> None:
-        """The per-rank chart: the last GPU estimates, with the runs of their techniques."""
+        """The per-rank chart: estimates and runs of the techniques last tried on GPUs."""
         base = self._gpu_base
-        if base is None:  # nothing estimated: the latest measured parallel run's techniques
-            runs = [r.config.single for r in self.results if r.config.parallel is not None]
-            base = runs[-1] if runs else None
         groups = rank_groups(self.gpu_estimates, self.results, base)
         title = "peak per GPU" if base is None or base == Config() else f"peak per GPU: {base}"
         self.panel.ranks.update(groups, self.budget_bytes, title)

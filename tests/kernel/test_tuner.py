@@ -462,10 +462,10 @@ def test_apply_leaves_the_gpus_out_and_says_so(shell: InteractiveShell, ns: dict
 
 
 class MadeUpRanks(Trial):
-    """A trial whose parallel estimates and runs are made up, until the real ones are wired.
+    """A trial whose parallel estimates and runs are made up: ranks that differ, and failures.
 
-    One GPU is the real CPU estimate and run. Each rank of n holds a 1/n share of 64 MiB with
-    DDP (replicated: all of it) and rank r another r MiB; FSDP2 on 8 has no estimate, and DDP on
+    One GPU is the real CPU estimate and run. Each rank of n holds a 1/n share of 64 MiB (with
+    DDP, replicated: all of it) and rank r another r MiB; FSDP2 on 8 has no estimate, and DDP on
     4 raises.
     """
 
@@ -563,6 +563,13 @@ def test_will_it_fit_estimates_each_choice_and_draws_each_rank(
         tuner.estimate_gpus((2,), ("tp",))
     assert tuner.estimate_gpus((2,), ("ddp",))[0].config.world_size == 2
     assert list(chart.x_axis.tick_labels.values()) == [f"ddp {X} 2", f"fsdp2 {X} 2"]
+
+    # A parallel run of other techniques: the chart follows it, with the baseline measured.
+    tuner.set(Config(parallel="ddp", world_size=4))
+    tuner.rerun()
+    assert chart.figure.title == "peak per GPU"
+    assert list(chart.x_axis.tick_labels.values()) == ["1 GPU", f"ddp {X} 4"]
+    assert [p.kind for p in chart.points] == ["measured"] * 5
 
 
 def test_without_a_trial_the_gpus_button_says_what_it_needs(
