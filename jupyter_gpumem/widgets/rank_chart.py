@@ -40,6 +40,7 @@ __all__ = [
     "gpu_choices",
     "rank_groups",
     "rank_points",
+    "worst_rows",
 ]
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -50,7 +51,7 @@ COUNTS_HELP = "counts are numbers of GPUs, whole numbers >= 1, e.g. (1, 2, 4, 8)
 
 
 def choice_label(config: Config) -> str:
-    """The GPUs and strategy of ``config``: "1 GPU", else as `Config` labels them ("ddp", 2 ranks)."""
+    """The GPUs and strategy of ``config``: "1 GPU", else the strategy and ranks as `Config` says."""
     if config.parallel is None:
         return "1 GPU"
     return str(Config(parallel=config.parallel, world_size=config.world_size))
