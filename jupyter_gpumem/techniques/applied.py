@@ -5,6 +5,9 @@ Known limitations:
 - The user's own variables still name the original optimizer; rebinding is the caller's job.
 - Autocast and loss scaling only happen where the caller's step uses ``autocast()``,
   ``backward()`` and ``step()``; there is no silent global switch.
+- A parallel configuration (``parallel="ddp"`` or ``"fsdp2"``) is not reverted: ``model``
+  becomes the rank's wrapped or sharded model (see :mod:`~jupyter_gpumem.techniques.parallel`),
+  so apply it only to a model used for it alone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import nn
 from jupyter_gpumem.techniques.checkpointing import Checkpointing, checkpoint_targets
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, Config
 from jupyter_gpumem.techniques.optimizers import ParkedState, build_optimizer
+from jupyter_gpumem.techniques.parallel import check_group, parallelize
 from jupyter_gpumem.techniques.precision import Precision
 
 
@@ -118,6 +122,7 @@ def _apply(
             f"optimizer_obj must be a torch.optim.Optimizer or None, got {type(optimizer_obj).__name__}"
         )
     # Everything that can fail on user input is checked before the model is touched.
+    check_group(config)
     targets: list[str] = []
     if config.checkpoint is not None:
         targets = checkpoint_targets(model, config.checkpoint, config.every)
@@ -148,9 +153,18 @@ def _apply(
         while undo:
             undo.pop()()
         raise
+    optimizer = new_optimizer if new_optimizer is not None else optimizer_obj
+    if config.parallel is not None:
+        # a wrapped or sharded model stays so: it is a model used for this alone
+        ranked = parallelize(model, optimizer, config)
+        for replaced in {id(o): o for o in (optimizer, optimizer_obj) if o is not None}.values():
+            if replaced is not ranked.optimizer:  # FSDP2 frees what it replaced once unheld
+                replaced.param_groups.clear()
+                replaced.state.clear()
+        model, optimizer, undo = ranked.model, ranked.optimizer, []
+        found.extend(ranked.warnings)
     for message in found:
         _warnings.warn(message, stacklevel=stacklevel)
-    optimizer = new_optimizer if new_optimizer is not None else optimizer_obj
     return Applied(model, optimizer, config, tuple(found), precision, undo, optimizer_obj)
 
 

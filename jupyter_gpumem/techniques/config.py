@@ -132,5 +132,5 @@ class Config:
         if self.optimizer is not None:
             parts.append(self.optimizer)
         if self.parallel is not None:
-            parts.append(f"{self.parallel} × {self.world_size}")
+            parts.append(f"{self.parallel} × {self.world_size}")  # noqa: RUF001  # a label
         return " · ".join(parts) if parts else "baseline"

@@ -61,7 +61,7 @@ import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -157,7 +157,7 @@ class DispatchRecorder:
             self._raw.clear()
         self._tensor_type = torch.Tensor
         known = []
-        for t in existing:
+        for t in (plain for held in existing for plain in plain_tensors(held)):
             if not isinstance(t, torch.Tensor) or not (
                 (self._cpu and t.is_cpu) or (self._meta and t.is_meta)
             ):
@@ -325,6 +325,23 @@ class DispatchRecorder:
 
 def _now() -> int:
     return time.time_ns() // 1000
+
+
+def plain_tensors(t: Any) -> Iterator[Any]:
+    """``t`` itself, or for a traceable wrapper subclass (DTensor) the plain tensors it wraps."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is None or _is_fake(t):
+        yield t
+        return
+    for name in flatten(t)[0]:
+        inner = getattr(t, name, None)
+        if isinstance(inner, sys.modules["torch"].Tensor):
+            yield from plain_tensors(inner)
+
+
+def _is_fake(t: Any) -> bool:
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return fake is not None and isinstance(t, fake.FakeTensor)
 
 
 def _flatten(obj: Any, tensor: type, into: list[Any]) -> list[Any]:

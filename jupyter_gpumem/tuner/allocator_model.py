@@ -30,8 +30,9 @@ Known limitations:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jupyter_gpumem.analysis.replay import MIN_BLOCK, SMALL_SEGMENT, SMALL_SIZE, round_size
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
@@ -86,8 +87,10 @@ class CachingAllocator:
         self._next_address = ROUND_LARGE * -(-(end + ROUND_LARGE) // ROUND_LARGE)
 
     # -- the allocator's two calls ---------------------------------------------------------
-    def malloc(self, requested: int, time_us: int = 0) -> int:
-        """Allocate ``requested`` bytes; returns the block's address."""
+    def malloc(
+        self, requested: int, time_us: int = 0, frames: Sequence[Mapping[str, Any]] = ()
+    ) -> int:
+        """Allocate ``requested`` bytes; returns the block's address. ``frames``: who asked."""
         size = round_size(requested)
         small = size <= SMALL_SIZE
         pool = self._free[small]
@@ -116,7 +119,7 @@ class CachingAllocator:
             bisect.insort(pool, (rest.size, rest.address))
         block.allocated, block.requested = True, requested
         self.allocated += block.size
-        self.events.append(TraceEvent("alloc", block.address, requested, time_us))
+        self.events.append(TraceEvent("alloc", block.address, requested, time_us, frames))
         return block.address
 
     def free(self, address: int, time_us: int = 0) -> None:

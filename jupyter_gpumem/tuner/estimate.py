@@ -207,6 +207,12 @@ def estimate_trial(
     from jupyter_gpumem.tuner import fake_peaks
     from jupyter_gpumem.tuner.fake_step import Unfakeable, run_fake
 
+    if config.parallel is not None:
+        from jupyter_gpumem.tuner.rank_estimates import estimate_ranks
+
+        return estimate_ranks(
+            trial, config, batch=batch, make_batch=make_batch, batch_size=batch_size
+        )
     t0 = time.perf_counter()
     device = trial.device
     own_batch = make_batch is None and (batch is None or batch is trial.batch)
@@ -226,18 +232,7 @@ def estimate_trial(
             steps=1 if warmup else min(trial.steps, 2),
         )
     except Unfakeable as exc:
-        return Estimate(
-            label=str(config),
-            device=str(device),
-            peak_bytes=None,
-            peak_reserved_bytes=None,
-            breakdown=None,
-            phase=None,
-            reason=str(exc),
-            batch_size=batch_size,
-            wall_s=time.perf_counter() - t0,
-            config=config,
-        )
+        return unavailable(config, device, str(exc), batch_size, t0)
     notes: list[str] = []
     if cuda:
         assert facts is not None
@@ -261,6 +256,24 @@ def estimate_trial(
         wall_s=time.perf_counter() - t0,
         batch_size=batch_size,
         notes=tuple(notes),
+        config=config,
+    )
+
+
+def unavailable(
+    config: Config, device: Any, reason: str, batch_size: int | None, t0: float
+) -> Estimate:
+    """The estimate of what cannot run on fake tensors: no figures, the reason."""
+    return Estimate(
+        label=str(config),
+        device=str(device),
+        peak_bytes=None,
+        peak_reserved_bytes=None,
+        breakdown=None,
+        phase=None,
+        reason=reason,
+        batch_size=batch_size,
+        wall_s=time.perf_counter() - t0,
         config=config,
     )
 

@@ -50,11 +50,16 @@ def fake_class() -> type:
 
 
 class Faker:
-    """Fake tensors laid out as real ones: one fake storage per real storage."""
+    """Fake tensors laid out as real ones: one fake storage per real storage.
 
-    def __init__(self, torch: Any, log: StorageLog) -> None:
+    With ``device``, the fakes are made there and stand for no real storage: a rank's own
+    copies, in a process that does not exist yet.
+    """
+
+    def __init__(self, torch: Any, log: StorageLog, device: Any = None) -> None:
         self.torch = torch
         self.log = log
+        self.device = device
         self._bases: dict[int, Any] = {}  # real StorageImpl address -> fake uint8 storage
         self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
 
@@ -63,21 +68,22 @@ class Faker:
         made = self.by_id.get(id(t))
         if made is None:
             st = t.untyped_storage()
+            device = t.device if self.device is None else self.device
             base = self._bases.get(st._cdata)
             if base is None:
                 base = self._bases[st._cdata] = torch.empty(
-                    st.nbytes(), dtype=torch.uint8, device=t.device
+                    st.nbytes(), dtype=torch.uint8, device=device
                 )
             try:
                 made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
             except RuntimeError:  # a storage whose size is no multiple of the dtype's
-                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
             if isinstance(t, torch.nn.Parameter):
                 made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
             else:
                 made = made.detach().requires_grad_(t.requires_grad)
             self.by_id[id(t)] = made
-            real = st.data_ptr() if t.device.type == "cuda" else None
+            real = st.data_ptr() if t.device.type == "cuda" and self.device is None else None
             self.log.adopt(made, real, category)
         elif category is not None:
             self.log.tag(made, category)
@@ -118,6 +124,25 @@ def swapped(torch: Any, model: Any, faker: Faker) -> Iterator[None]:
 
 
 _MISSING = object()
+
+
+@contextmanager
+def fake_copy(torch: Any, model: Any, faker: Faker) -> Iterator[Any]:
+    """A deep copy of the model over fakes of its parameters and buffers; the model untouched.
+
+    For what changes a model for good (FSDP2 shards it, DDP registers hooks on it).
+    """
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                memo[id(p)] = faker.fake(p, "parameters")
+        for b in m._buffers.values():
+            if b is not None:
+                memo[id(b)] = faker.fake(b, "parameters")
+    copied = copy.deepcopy(model, memo)
+    memo.clear()  # the fakes live as long as the copy holds them
+    yield copied
 
 
 def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
@@ -174,6 +199,21 @@ def foreach_as_real(torch: Any, optimizer: Any, real_of: Mapping[int, Any]) -> N
             continue
         _, foreach = _default_to_fused_or_foreach(real, group.get("differentiable", False))
         group["foreach"] = foreach
+
+
+def foreach_on(torch: Any, optimizer: Any, device: Any) -> None:
+    """The foreach choice torch makes for parameters on ``device`` (a rank's own copies).
+
+    torch steps with foreach kernels by default where its foreach kernels run on the device
+    (CUDA), for plain tensors, parameters and DTensors alike.
+    """
+    from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+
+    on = device.type in _get_foreach_kernels_supported_devices()
+    for group in optimizer.param_groups:
+        if "foreach" not in group or group["foreach"] is not None or group.get("fused"):
+            continue
+        group["foreach"] = on and not group.get("differentiable", False)
 
 
 @contextmanager

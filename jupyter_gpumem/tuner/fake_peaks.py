@@ -176,7 +176,7 @@ def cuda_peaks(
             )
         if action == "alloc":
             if run.sizes[i]:
-                address[i] = alloc.malloc(run.sizes[i], clock)
+                address[i] = alloc.malloc(run.sizes[i], clock, run.communication.get(i, ()))
                 if window is not None:
                     born[i], at_birth[i] = clock, address[i]
         elif i in address:
@@ -203,7 +203,8 @@ def cpu_peaks(run: FakeRun) -> Peaks:
         size = run.sizes[i]
         if action == "alloc":
             if size:
-                events.append(TraceEvent("alloc", _cpu_address(i), size, clock))
+                frames = run.communication.get(i, ())
+                events.append(TraceEvent("alloc", _cpu_address(i), size, clock, frames))
                 followed.add(i)
                 born[i] = clock
         elif i in followed:
@@ -227,6 +228,10 @@ def _tags(
 ) -> list[Tag]:
     """The run's tags on the replay's addresses and clock."""
     tags = []
+    # what torch.distributed made before the measured steps (DDP's buckets) has no frames there
+    for i in run.communication:
+        if i in at_window:
+            tags.append(Tag(at_window[i], "communication", run.window_clock, run.sizes[i]))
     for i, category in run.tags:
         if i in at_birth:
             tags.append(Tag(at_birth[i], category, born[i], run.sizes[i]))

@@ -29,21 +29,27 @@ Known limitations:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
-from jupyter_gpumem.records import PhaseMark
+from jupyter_gpumem.records import CALLER, PASS_THROUGH, PhaseMark, frame_role
+from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
 from jupyter_gpumem.tuner.fake_objects import (
     Faker,
     fake_batch,
     fake_class,
+    fake_copy,
     fake_optimizer,
     foreach_as_real,
+    foreach_on,
     rng_kept,
     swapped,
     tensors_in,
@@ -69,6 +75,10 @@ class FakeRun:
     reachable: frozenset[int]  # of those, the ones the model, optimizer and batch hold
     tags: tuple[tuple[int, str], ...]  # (storage, category), possibly several per storage
     marks: tuple[PhaseMark, ...]  # phase marks on the clock of the events
+    # storage -> the frame of torch.distributed's code that allocated it (parallel runs)
+    communication: Mapping[int, tuple[dict[str, Any], ...]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 class _Ref(weakref.ref):  # type: ignore[type-arg]
@@ -93,6 +103,7 @@ class StorageLog:
         self.tags: list[tuple[int, str]] = []
         self.marks: list[PhaseMark] = []
         self.recording = False
+        self.communication: dict[int, tuple[dict[str, Any], ...]] | None = None  # when parallel
         self.step = 0
         self.clock = 0
         self._live: dict[int, _Ref] = {}  # StorageImpl address -> its weakref
@@ -139,7 +150,14 @@ class StorageLog:
                 self._add(st, event=True)
 
     def tag(self, value: Any, category: str) -> None:
-        if not isinstance(value, self.torch.Tensor) or value.device != self.device:
+        if not isinstance(value, self.torch.Tensor):
+            return
+        plain = list(plain_tensors(value))
+        if len(plain) != 1 or plain[0] is not value:  # a DTensor: its memory is its local shard
+            for t in plain:
+                self.tag(t, category)
+            return
+        if value.device != self.device:
             return
         try:
             ref = self._live.get(value.untyped_storage()._cdata)
@@ -147,6 +165,27 @@ class StorageLog:
             return
         if ref is not None:
             self.tags.append((ref.index, category))
+
+    def remake_communication(self) -> None:
+        """The live communication buffers given up and made anew, of the same sizes.
+
+        DDP's one rebuild of its buckets, which a fake rank does not run (see
+        :class:`~jupyter_gpumem.techniques.parallel.FakeReducer`): the new ones come before
+        the old ones go, and the fake storages stand for the new ones from then on.
+        """
+        if self.communication is None:
+            return
+        with self._lock:
+            for ref in [r for r in self._live.values() if r.index in self.communication]:
+                old, new = ref.index, len(self.sizes)
+                self.sizes.append(ref.size)
+                self.communication[new] = self.communication[old]
+                ref.index = new
+                if self.recording:
+                    self.clock += 1
+                    self.events.append(("alloc", new, self.clock))
+                    self.clock += 1
+                    self.events.append(("free", old, self.clock))
 
     def live(self) -> dict[int, int]:
         """Storage index by StorageImpl address, for the storages alive now."""
@@ -168,6 +207,10 @@ class StorageLog:
             if event and self.recording:
                 self.clock += 1
                 self.events.append(("alloc", index, self.clock))
+                if self.communication is not None:
+                    frame = _communication_frame()
+                    if frame is not None:
+                        self.communication[index] = (frame,)
             return index
 
     def _drop(self, ref: _Ref) -> None:
@@ -199,10 +242,32 @@ class StorageLog:
         return keys
 
 
+_OURS = ("/jupyter_gpumem/tuner/", "/torch/_subclasses/")
+
+
+def _communication_frame() -> dict[str, Any] | None:
+    """The frame of torch.distributed's code that asked for the op now running, if it was one.
+
+    The rule is the analysis's (:func:`~jupyter_gpumem.records.frame_role`) on the same
+    Python stack the allocator trace records, past this run's own frames.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if not any(part in name for part in _OURS):
+            role = frame_role(name)
+            if role != PASS_THROUGH:
+                if role == CALLER:
+                    return None
+                return {"filename": name, "line": frame.f_lineno, "name": frame.f_code.co_name}
+        frame = frame.f_back
+    return None
+
+
 @functools.cache
 def _recording_mode() -> type:
     """The dispatch mode class, defined on first use so that importing needs no torch."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
     class _Recording(TorchDispatchMode):
         def __init__(self, log: StorageLog) -> None:
@@ -212,6 +277,9 @@ def _recording_mode() -> type:
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
         ) -> Any:
+            if any(is_traceable_wrapper_subclass_type(t) for t in types):
+                # a DTensor runs first and comes back here with the plain ops it desugars into
+                return NotImplemented
             out = func(*args, **(kwargs or {}))
             self.log.record(out, args, kwargs)
             return out
@@ -242,6 +310,7 @@ def run_fake(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from jupyter_gpumem.techniques import apply_config
+    from jupyter_gpumem.techniques.parallel import FakeReducer
 
     compiled = _compiled(torch, model)
     if compiled:
@@ -251,9 +320,15 @@ def run_fake(
         )
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     log = StorageLog(torch, device, mode)
-    faker = Faker(torch, log)
+    parallel = config.parallel is not None
+    # A rank is a process of its own: it holds copies of the model on its device, which
+    # its strategy changes for good, so it runs a copy, never the model itself.
+    faker = Faker(torch, log, device if parallel else None)
+    if parallel:
+        log.communication = {}
     real_params = {id(p): p for p in model.parameters()}
-    with rng_kept(torch), mode, swapped(torch, model, faker):
+    with rng_kept(torch), mode, (fake_copy if parallel else swapped)(torch, model, faker) as run:
+        model = model if run is None else run
         fake_opt = None if optimizer is None else fake_optimizer(torch, optimizer, faker)
         real_of = {id(faker.by_id[i]): p for i, p in real_params.items() if i in faker.by_id}
         run_batch = None if make_batch is not None else fake_batch(torch, batch, faker)
@@ -267,7 +342,12 @@ def run_fake(
                     run_batch = fake_batch(torch, make_batch(), faker)
                     faker.done()
                 applied = apply_config(model, config, fake_opt)
-                if applied.optimizer is not None:
+                reducer = getattr(applied.model, "reducer", None)
+                if isinstance(reducer, FakeReducer):
+                    reducer.on_rebuild = log.remake_communication
+                if applied.optimizer is not None and parallel:
+                    foreach_on(torch, applied.optimizer, device)
+                elif applied.optimizer is not None:
                     foreach_as_real(torch, applied.optimizer, real_of)
                 window = _steps(torch, applied, loss_fn, run_batch, log, warmup, steps)
                 log.recording = False
@@ -291,6 +371,7 @@ def run_fake(
         reachable=window[3],
         tags=tuple(log.tags),
         marks=tuple(log.marks),
+        communication=dict(log.communication or {}),
     )
 
 
@@ -309,7 +390,7 @@ def _steps(
             live = log.live()
             held = {"model": applied.model, "optimizer": applied.optimizer, "batch": batch}
             keys = set()
-            for t, _, _ in walk(held):
+            for t in (plain for held_t, _, _ in walk(held) for plain in plain_tensors(held_t)):
                 try:
                     keys.add(t.untyped_storage()._cdata)
                 except (RuntimeError, NotImplementedError):

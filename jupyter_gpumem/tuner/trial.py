@@ -68,9 +68,17 @@ class TrialResult:
 
     @property
     def vs_estimate(self) -> str | None:
-        """``estimated 14.7 GiB, measured 14.6 GiB (error +0.4%)``; None without an estimate."""
+        """``estimated 14.7 GiB, measured 14.6 GiB (error +0.4%)``; None without an estimate.
+
+        For a parallel configuration, one line per rank: ``rank 0: estimated ...``.
+        """
         if self.estimate is None:
             return None
+        if self.ranks and self.estimate.ranks:
+            return "\n".join(
+                f"rank {r.rank}: {e.against(r.peak_allocated_bytes)}"
+                for r, e in zip(self.ranks, self.estimate.ranks, strict=False)
+            )
         return self.estimate.against(self.peak_allocated_bytes)
 
     def to_row(
@@ -164,6 +172,10 @@ class Trial:
 
         assert self._saved is not None
         self._saved.reset_for_trial()
+        if config.parallel is not None:
+            from jupyter_gpumem.tuner.forked_ranks import run_ranks
+
+            return self._with_estimate(run_ranks(self, config))
         label = str(config)
         try:
             applied = apply_config(self.model, config, self.optimizer)
@@ -174,9 +186,17 @@ class Trial:
         finally:
             applied.revert()  # the state comes back before the next trial and after the last
 
-    def _measure(self, config: Config, label: str, applied: Applied) -> TrialResult:
+    def _measure(
+        self,
+        config: Config,
+        label: str,
+        applied: Applied,
+        before_measured: Callable[[], Any] | None = None,
+    ) -> TrialResult:
         notes = tuple(applied.warnings)
         for phase, count in (("warm-up", self.warmup), ("measured", self.steps)):
+            if phase == "measured" and before_measured is not None:
+                before_measured()
             report, times, error, step = self._phase(
                 applied, count, label, keep=phase == "measured"
             )
@@ -278,7 +298,10 @@ class Trial:
         made = self._estimates.get(result.config)
         if made is None or made[0] != id(self.batch):
             return result
-        return replace(result, estimate=made[1])
+        estimate = made[1]
+        by_rank = {e.rank: e for e in estimate.ranks}
+        ranks = tuple(replace(r, estimate=by_rank.get(r.rank)) for r in result.ranks)
+        return replace(result, estimate=estimate, ranks=ranks)
 
     @contextmanager
     def _preserved(self) -> Iterator[None]:
@@ -369,7 +392,9 @@ def _device(torch: Any, model: Any, device: Any) -> Any:
         device = first.device if first is not None else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        # without initialising CUDA, which would keep forked ranks from using it
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        device = torch.device("cuda", index)
     return device
 
 
@@ -469,6 +494,22 @@ def _result(
         step_s_all=tuple(times),
         warnings=(*notes, *(text.warnings(report) if report else ())),
         report=report,
+    )
+
+
+def result_of(
+    config: Config,
+    report: Report | None,
+    device: Any,
+    *,
+    times: Sequence[float] = (),
+    notes: tuple[str, ...] = (),
+    status: str = "ok",
+    error: str | None = None,
+) -> TrialResult:
+    """The TrialResult of a measured report read back (a forked rank's), on ``device``."""
+    return _result(
+        config, str(config), report, device, times=times, notes=notes, status=status, error=error
     )
 
 

@@ -1,0 +1,249 @@
+"""A parallel configuration measured for real: N ranks forked from the kernel, each measured.
+
+``Trial.run(Config(parallel=..., world_size=N))`` forks N processes from the kernel. Each is
+one rank: it joins a process group (NCCL with one GPU per rank where there are N GPUs, gloo
+with the ranks sharing the devices where there are fewer, gloo on the CPU), moves its copy of
+the model, optimizer and batch to its device, applies the configuration (its strategy last,
+see :mod:`~jupyter_gpumem.techniques.parallel`) and runs the trial's warm-up and measured steps
+under the same measurement as a one-process trial. On a GPU it also reads its own
+``torch.cuda.max_memory_allocated()`` over the measured steps. Each rank writes its result
+into a folder of its own, which the kernel reads when every rank has ended.
+
+The ranks are forked, so nothing is pickled (a loss function defined in the notebook works),
+and the kernel must not have initialised CUDA: a child forked after that cannot use it.
+If one rank fails, the others are stopped, as ``torch.multiprocessing`` does, and the result
+says which rank failed and how.
+
+Known limitations:
+- Each rank's batch is the trial's batch: the same shapes on every rank, as a sharded data
+  loader gives.
+- A rank killed by a signal (the system's out-of-memory killer) writes nothing; its row says
+  how it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.report.record import report_from_dict
+from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tracking.ranks import SETTLE_S, stop_inherited, write_json
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.tuner.trial import Trial, TrialResult
+
+POLL_S = 0.05
+CUDA_IN_KERNEL = (
+    "the ranks are forked from this kernel, and CUDA is already initialised in it: a forked "
+    "child cannot use CUDA then. Restart the kernel, build the model, optimizer and batch on "
+    "the CPU and pass device='cuda' to Trial; the ranks move their copies to their GPUs"
+)
+
+
+def run_ranks(trial: Trial, config: Config) -> TrialResult:
+    """Fork ``config.world_size`` ranks that each measure ``trial`` under ``config``."""
+    import torch
+
+    device = trial.device
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        raise RuntimeError(CUDA_IN_KERNEL)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0  # NVML: no CUDA init
+    backend = "nccl" if device.type == "cuda" and gpus >= config.world_size else "gloo"
+    folder = tempfile.mkdtemp(prefix="gpumem-trial-ranks-")
+    try:
+        ended = _fork_and_wait(trial, config, folder, backend, gpus)
+        results = [
+            _read(folder, rank, config, ended.get(rank)) for rank in range(config.world_size)
+        ]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return _job(config, results, backend)
+
+
+def rank_device(device: Any, rank: int, gpus: int) -> Any:
+    """Rank ``rank``'s device: its own GPU where there are enough, else shared in turn."""
+    import torch
+
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", rank % max(1, gpus))
+
+
+# -- the kernel's side -------------------------------------------------------------------------
+def _fork_and_wait(
+    trial: Trial, config: Config, folder: str, backend: str, gpus: int
+) -> dict[int, int | None]:
+    """Start the ranks and wait for all; stop the rest when one fails. Exit codes by rank."""
+    context = multiprocessing.get_context("fork")
+    processes = [
+        context.Process(
+            target=_rank_main,
+            args=(rank, trial, config, folder, backend, gpus),
+            name=f"gpumem-rank-{rank}",
+            daemon=True,
+        )
+        for rank in range(config.world_size)
+    ]
+    for p in processes:
+        p.start()
+    try:
+        while any(p.is_alive() for p in processes):
+            if any(p.exitcode not in (None, 0) for p in processes):
+                break  # the others may wait for it in a collective forever
+            time.sleep(POLL_S)
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return {rank: p.exitcode for rank, p in enumerate(processes)}
+
+
+def _read(folder: str, rank: int, config: Config, exitcode: int | None) -> dict[str, Any]:
+    path = Path(folder) / f"rank-{rank}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return {"rank": rank, "status": "error", "error": _how_it_ended(exitcode)}
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no result: the rank did not end"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        if name == "SIGTERM":
+            return "no result: stopped because another rank failed"
+        if name == "SIGKILL":
+            return "no result: killed by SIGKILL (the system's out-of-memory killer sends it)"
+        return f"no result: killed by {name}"
+    return f"no result: exited with code {exitcode}"
+
+
+def _job(config: Config, results: list[dict[str, Any]], backend: str) -> TrialResult:
+    """One TrialResult for the job: the worst rank's figures, every rank in ``ranks``."""
+    from jupyter_gpumem.tuner.trial import result_of
+
+    ranks = tuple(
+        replace(
+            result_of(
+                config,
+                report_from_dict(r["report"]) if r.get("report") else None,
+                r.get("device"),
+                times=r.get("step_s_all", ()),
+                notes=tuple(r.get("warnings", ())),
+                status=r.get("status", "error"),
+                error=r.get("error"),
+            ),
+            rank=r["rank"],
+            own_peak_bytes=r.get("own_peak_bytes"),
+        )
+        for r in results
+    )
+    when = {r["rank"]: r.get("failed_at", float("inf")) for r in results}
+    failed = sorted((r for r in ranks if r.status != "ok"), key=lambda r: when[r.rank])
+    if failed:
+        first = next((r for r in failed if r.status == "oom"), failed[0])
+        worst: TrialResult = replace(first, error=f"rank {first.rank}: {first.error}")
+    else:
+        worst = max(ranks, key=lambda r: r.peak_allocated_bytes or 0)
+    note = f"{config.world_size} ranks over {backend}"
+    return replace(worst, rank=None, ranks=ranks, warnings=(note, *worst.warnings))
+
+
+# -- a rank's side -----------------------------------------------------------------------------
+def _rank_main(
+    rank: int, trial: Trial, config: Config, folder: str, backend: str, gpus: int
+) -> None:
+    """One rank, in its forked process: measure, then write the result, whatever happened."""
+    import torch
+
+    # The kernel's OpenMP threads are not in a forked child, and a parallel region that looks
+    # for them waits forever: a rank computes on the host with one thread.
+    torch.set_num_threads(1)
+    stop_inherited()  # a `%%gpumem` cell's recording, copied from the kernel
+    device = rank_device(trial.device, rank, gpus)
+    out: dict[str, Any] = {"rank": rank, "device": str(device)}
+    try:
+        out.update(_measure_rank(rank, trial, config, folder, backend, device))
+    except BaseException as exc:
+        from jupyter_gpumem.report.record import status_of
+
+        out.update(status=status_of(exc), error=f"{type(exc).__name__}: {exc}")
+    if out.get("status", "error") != "ok":
+        out["failed_at"] = time.time()  # the first to fail is the cause; the rest, its echo
+    write_json(Path(folder) / f"rank-{rank}.json", out)
+
+
+def _measure_rank(
+    rank: int, trial: Trial, config: Config, folder: str, backend: str, device: Any
+) -> Mapping[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_map
+
+    from jupyter_gpumem.techniques import apply_config
+    from jupyter_gpumem.tuner.trial import Trial
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    store = "file://" + os.path.join(folder, "store")
+    dist.init_process_group(backend, init_method=store, rank=rank, world_size=config.world_size)
+    try:
+        model, optimizer = trial.model, trial.optimizer
+        for p in model.parameters():
+            p.grad = None
+        if optimizer is not None:
+            optimizer.state.clear()
+        model.to(device)
+        batch = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, trial.batch)
+        own = Trial(
+            model,
+            batch,
+            trial.loss_fn,
+            optimizer=optimizer,
+            warmup=trial.warmup,
+            steps=trial.steps,
+            device=device,
+        )
+        applied = apply_config(model, config, optimizer)
+
+        def reset_peak() -> None:
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+
+        result = own._measure(config, str(config), applied, before_measured=reset_peak)
+        own_peak = torch.cuda.max_memory_allocated(device) if cuda else None
+        return {
+            "report": result.report.to_dict() if result.report is not None else None,
+            "status": result.status,
+            "error": result.error,
+            "step_s_all": list(result.step_s_all),
+            "warnings": list(result.warnings),
+            "own_peak_bytes": own_peak,
+        }
+    finally:
+        with contextlib.suppress(Exception):
+            time.sleep(SETTLE_S)  # gloo's threads release a finished collective's state
+            dist.destroy_process_group()

@@ -1,0 +1,208 @@
+"""Per-rank estimates of a parallel configuration, made in one process with no GPU work.
+
+Each rank is played in turn in a fake process group (:mod:`~jupyter_gpumem.tuner.fake_group`):
+the trial's step runs on fake tensors of a copy of the model, which the rank's strategy wraps
+or shards (:mod:`~jupyter_gpumem.tuner.fake_step`), and its storages go through the same
+allocator model and breakdown as a one-process estimate
+(:mod:`~jupyter_gpumem.tuner.fake_peaks`). Communication buffers (FSDP2's all-gather and
+reduce-scatter buffers, DDP's buckets) are told by the code that allocated them, as in a
+measured report. Ranks whose shards have the same sizes are played once: every DDP rank, and
+every FSDP2 rank but those holding a shorter or empty last piece of some parameter.
+
+A rank is a fresh process: on a GPU it starts with its CUDA context and the library workspaces
+its first matmuls make, and nothing else. Where CUDA is not initialised in the kernel yet, the
+ranks are played in a forked child, which makes those workspaces as a rank would: the kernel
+stays free to fork the ranks of ``Trial.run`` (a child forked after its parent initialised CUDA
+cannot use it). Where it is initialised, the ranks are played here, from an empty device, and a
+note says the workspaces are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.techniques.config import Config
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.tuner.estimate import Estimate
+    from jupyter_gpumem.tuner.trial import Trial
+
+NO_WORKSPACES = (
+    "CUDA was initialised in this kernel before, so the ranks were estimated here from an "
+    "empty device: the library workspaces each rank makes (tens of MiB) are not counted"
+)
+
+
+def estimate_ranks(
+    trial: Trial,
+    config: Config,
+    *,
+    batch: Any = None,
+    make_batch: Callable[[], Any] | None = None,
+    batch_size: int | None = None,
+) -> Estimate:
+    """One estimate per rank of ``config``; the worst rank's figures, with ``.ranks``."""
+    import torch
+
+    t0 = time.perf_counter()
+    device = trial.device
+    kwargs = {"batch": batch, "make_batch": make_batch, "batch_size": batch_size}
+    if device.type == "cuda" and not torch.cuda.is_initialized():
+        ranks, caught = _forked(lambda: _ranks(trial, config, fresh=True, **kwargs))
+        for message in caught:
+            warnings.warn(message, stacklevel=3)
+    else:
+        ranks = _ranks(trial, config, fresh=False, **kwargs)
+    return _worst(config, ranks, time.perf_counter() - t0)
+
+
+def _ranks(
+    trial: Trial,
+    config: Config,
+    *,
+    fresh: bool,
+    batch: Any,
+    make_batch: Callable[[], Any] | None,
+    batch_size: int | None,
+) -> list[Estimate]:
+    import torch
+
+    from jupyter_gpumem.tuner import fake_peaks
+    from jupyter_gpumem.tuner.estimate import unavailable
+    from jupyter_gpumem.tuner.fake_group import fake_rank
+    from jupyter_gpumem.tuner.fake_step import Unfakeable, run_fake
+
+    device = trial.device
+    cuda = device.type == "cuda"
+    facts = fake_peaks.device_facts(torch, device) if cuda and fresh else None
+    # DDP makes its buckets anew in the second forward: the fake steps reach it where the
+    # trial's warm-up does
+    warmup = min(trial.warmup, 2)
+    played: dict[tuple[int, ...], Estimate] = {}
+    out: list[Estimate] = []
+    for rank in range(config.world_size):
+        key = shard_sizes(trial.model, config, rank)
+        if key in played:
+            out.append(replace(played[key], rank=rank))
+            continue
+        t0 = time.perf_counter()
+        try:
+            with fake_rank(rank, config.world_size):
+                run = run_fake(
+                    trial.model,
+                    trial.optimizer,
+                    trial.loss_fn,
+                    device,
+                    config,
+                    batch=trial.batch if batch is None else batch,
+                    make_batch=make_batch,
+                    warmup=warmup,
+                    steps=1 if warmup else min(trial.steps, 2),
+                )
+        except Unfakeable as exc:
+            out.append(
+                replace(
+                    unavailable(config, device, f"rank {rank}: {exc}", batch_size, t0), rank=rank
+                )
+            )
+            return out
+        notes: list[str] = []
+        if cuda:
+            segments, foreign = (
+                fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())
+            )
+            peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+            notes.extend(fake_peaks.allocator_notes())
+            if not fresh:
+                notes.append(NO_WORKSPACES)
+        else:
+            peaks = fake_peaks.cpu_peaks(run)
+        from jupyter_gpumem.tuner.estimate import Estimate
+
+        found = Estimate(
+            label=str(config),
+            device=str(device),
+            peak_bytes=peaks.peak_bytes,
+            peak_reserved_bytes=peaks.peak_reserved_bytes,
+            breakdown=peaks.breakdown,
+            phase=peaks.phase,
+            resident_bytes=0 if cuda else None,
+            workspace_bytes=facts.workspace_bytes if facts else None,
+            context_bytes=facts.context_bytes if facts else None,
+            device_total_bytes=facts.total_bytes if facts else None,
+            wall_s=time.perf_counter() - t0,
+            batch_size=batch_size,
+            notes=tuple(notes),
+            config=config,
+            rank=rank,
+        )
+        played[key] = found
+        out.append(found)
+    return out
+
+
+def shard_sizes(model: Any, config: Config, rank: int) -> tuple[int, ...]:
+    """What sets one rank's memory apart: its rows of each parameter under FSDP2, else nothing.
+
+    FSDP2 cuts each parameter into ``world_size`` pieces along its first dimension, as
+    ``torch.chunk`` does: pieces of ceil(rows / world_size) rows, the last ones shorter or empty.
+    """
+    if config.parallel != "fsdp2":
+        return ()
+    n = config.world_size
+    out = []
+    for p in model.parameters():
+        rows = p.shape[0] if p.dim() else 1
+        piece = -(-rows // n)
+        out.append(max(0, min(piece, rows - rank * piece)))
+    return tuple(out)
+
+
+def _worst(config: Config, ranks: list[Estimate], wall_s: float) -> Estimate:
+    """The estimate of the whole job: the worst rank's figures, every rank in ``ranks``."""
+    failed = next((r for r in ranks if r.peak_bytes is None), None)
+    worst = failed or max(ranks, key=lambda r: r.peak_bytes or 0)
+    return replace(worst, rank=None, ranks=tuple(ranks), wall_s=wall_s, config=config)
+
+
+def _forked(work: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``work()`` in a forked child, its result (or its error, raised here) and its warnings."""
+    from jupyter_gpumem.tracking.ranks import stop_inherited
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        try:
+            stop_inherited()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = work()
+            answer: tuple[Any, ...] = ("ok", result, [str(w.message) for w in caught])
+        except BaseException as exc:
+            answer = ("error", f"{type(exc).__name__}: {exc}", [])
+        try:
+            data = pickle.dumps(answer)
+        except Exception as exc:
+            data = pickle.dumps(("error", f"the estimate could not be sent back: {exc!r}", []))
+        with os.fdopen(write, "wb") as fh:
+            fh.write(data)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(
+            f"the process that estimates the ranks ended with no answer (wait status {status})"
+        )
+    kind, value, caught = pickle.loads(data)
+    if kind != "ok":
+        raise RuntimeError(f"estimating the ranks failed: {value}")
+    return value, caught
