@@ -586,3 +586,32 @@ def test_without_a_trial_the_gpus_button_says_what_it_needs(
     tuner.set(Config(parallel="ddp", world_size=2))
     tuner.panel.buttons["Re-run"].click()  # the cell runs in this one process
     assert f"measuring ddp {X} 2 forks its ranks through a trial" in tuner.panel.messages.value
+
+
+def test_will_it_fit_with_the_real_estimates_of_a_tiny_mlp_on_two_cpu_ranks(
+    shell: InteractiveShell,
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters())
+    shell.user_ns.update(model=model, opt=opt)
+    trial = Trial(model, torch.randn(32, 64), _loss, optimizer=opt, warmup=1, steps=2)
+    tuner = tune(model, "opt", trial=trial, shell=shell)
+    before = [p.detach().clone() for p in model.parameters()]
+    one, ddp, fsdp = tuner.estimate_gpus((1, 2))
+    assert tuner.panel.messages.value == "", tuner.panel.messages.value
+    assert tuner.panel.status.value == "estimated 3 of 3 choices"
+    assert [(e.config.parallel, e.config.world_size, len(e.ranks)) for e in (one, ddp, fsdp)] == [
+        (None, 1, 0), ("ddp", 2, 2), ("fsdp2", 2, 2)
+    ]  # fmt: skip
+    assert one.peak_bytes is not None and ddp.peak_bytes is not None
+    assert fsdp.peak_bytes is not None and fsdp.peak_bytes < one.peak_bytes  # sharded state
+    est = [p for p in tuner.panel.ranks.points if p.kind == "estimated"]
+    assert [(p.group, p.rank, p.peak_bytes) for p in est] == [
+        ("1 GPU", 0, one.peak_bytes),
+        *((f"ddp {X} 2", r.rank, r.peak_bytes) for r in ddp.ranks),
+        *((f"fsdp2 {X} 2", r.rank, r.peak_bytes) for r in fsdp.ranks),
+    ]
+    assert all(p.peak_bytes > 0 for p in est)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not isinstance(model, nn.parallel.DistributedDataParallel)

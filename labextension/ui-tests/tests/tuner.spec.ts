@@ -6,6 +6,12 @@
  * model as it is, no chart text or point is cut at a figure's edge, the bar chart's legend
  * stays off the bars, and the table's numbers keep to one line. Screenshots of the panel in
  * the light and dark themes go through screenshotPath().
+ *
+ * The second test (notebooks/gpus.ipynb: the same model with a 5 MiB budget) presses
+ * "Will it fit on N GPUs?", which estimates 1, 2, 4 and 8 GPUs with DDP and FSDP2, measures
+ * FSDP2 on 2 GPUs through the GPUs and strategy selectors, and checks the per-rank chart: a
+ * group per choice, a filled dot per estimated rank, an outlined one per measured rank, the
+ * budget line, nothing clipped; then shoots the panel (gpus-light.png, gpus-dark.png).
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import { Locator } from '@playwright/test';
@@ -14,7 +20,7 @@ import * as path from 'path';
 
 import { screenshotPath } from './screenshots';
 
-const NOTEBOOK = path.resolve(__dirname, '..', 'notebooks', 'tuner.ipynb');
+const NOTEBOOKS = path.resolve(__dirname, '..', 'notebooks');
 /** The columns of numbers in the results table (tuner_charts.NUMERIC): never wrapped. */
 const NUMERIC = ['peak', 'step', 'Δ peak', 'Δ step', 'fits budget'];
 
@@ -124,10 +130,13 @@ async function rerun(panel: Locator, measured: number, rows: number): Promise<vo
   await expect(panel.locator('table.jp-gpumem-tuner-results tbody tr')).toHaveCount(rows);
 }
 
-async function openTuner(page: IJupyterLabPageFixture, tmpPath: string): Promise<Locator> {
-  const name = 'tuner.ipynb';
+async function openTuner(
+  page: IJupyterLabPageFixture,
+  tmpPath: string,
+  name = 'tuner.ipynb'
+): Promise<Locator> {
   await page.contents.uploadContent(
-    fs.readFileSync(NOTEBOOK, 'utf-8'),
+    fs.readFileSync(path.join(NOTEBOOKS, name), 'utf-8'),
     'text',
     `${tmpPath}/${name}`
   );
@@ -225,6 +234,119 @@ test('the tuner panel measures configurations and shows them unclipped, light an
     }
     await panel.scrollIntoViewIfNeeded();
     await panel.screenshot({ path: screenshotPath(`tuner-${theme}.png`) });
+  }
+  await page.theme.setLightTheme();
+});
+
+const BLUE = 'rgb(78, 121, 167)'; // rank_chart.COLORS: a rank; the worst where ranks differ is red
+
+/** How many of ``dots`` are filled with each colour, as the browser computes it. */
+async function fills(dots: Locator): Promise<Record<string, number>> {
+  return dots.evaluateAll(elements => {
+    const counts: Record<string, number> = {};
+    for (const e of elements) {
+      const fill = getComputedStyle(e).fill;
+      counts[fill] = (counts[fill] ?? 0) + 1;
+    }
+    return counts;
+  });
+}
+
+/** Press ``button`` and wait for the status line to read ``done``; a failure fails at once. */
+async function press(panel: Locator, button: string, done: string): Promise<void> {
+  const status = panel.locator('.widget-label', { hasText: /^(not )?(measur|estimat)|^failed/ });
+  await panel.getByRole('button', { name: button }).click();
+  const escaped = done.replace(/[()?]/g, '\\$&');
+  await expect(status).toHaveText(new RegExp(`^(${escaped}|failed)$`), { timeout: 60000 });
+  const messages = panel.locator('.widget-html-content > div[style*="color"]');
+  expect(await status.textContent(), (await messages.allInnerTexts()).join('\n')).toBe(done);
+}
+
+test('will it fit on N GPUs: each rank estimated and measured against the budget', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(120000);
+  await page.setViewportSize({ width: 1440, height: 1700 }); // the panel with its GPU chart
+  const panel = await openTuner(page, tmpPath, 'gpus.ipynb');
+  const gpus = panel.locator('.widget-dropdown', { hasText: 'GPUs' }).locator('select');
+  const strategy = panel.locator('.widget-dropdown', { hasText: 'strategy' }).locator('select');
+  await expect(gpus.locator('option')).toHaveText(['1 GPU', '2 GPUs', '4 GPUs', '8 GPUs']);
+  await expect(strategy).toBeDisabled(); // one GPU: no strategy
+  await expect(panel.locator('.bqplot.figure', { hasText: 'peak per GPU' })).toHaveCount(0);
+
+  await press(panel, 'Will it fit on N GPUs?', 'estimated 7 of 7 choices');
+  const chart = panel.locator('.bqplot.figure', { hasText: 'peak per GPU' });
+  const ticks = chart.locator('g.tick text').filter({ hasText: /GPU|×/ });
+  await expect(ticks).toHaveText([
+    '1 GPU',
+    'ddp × 2',
+    'fsdp2 × 2',
+    'ddp × 4',
+    'fsdp2 × 4',
+    'ddp × 8',
+    'fsdp2 × 8'
+  ]);
+  const dots = chart.locator('path.dot');
+  await expect(dots).toHaveCount(1 + 2 * (2 + 4 + 8)); // a filled dot per rank
+  const table = panel.locator('table.jp-gpumem-rank-table');
+  // Columns empty in every row are left out: find them by their titles.
+  const column = async (title: string) => {
+    const i = (await table.locator('thead th').allInnerTexts()).indexOf(title);
+    expect(i, `column ${title}`).toBeGreaterThanOrEqual(0);
+    return table.locator(`tbody tr td:nth-child(${i + 1})`);
+  };
+  await expect(table.locator('thead th')).toHaveText(['GPUs', 'worst rank', 'estimated', 'fits']);
+  // 5 MiB per GPU: only FSDP2 on 4 and 8 GPUs shards enough of the 6.3 MiB.
+  await expect(await column('fits')).toHaveText(['no', 'no', 'no', 'no', 'yes', 'no', 'yes']);
+  // Every layer shards evenly: the ranks of a choice peak alike, no single rank is the worst.
+  const alike = ['all', 'all', 'all', 'all', 'all', 'all'];
+  await expect(await column('worst rank')).toHaveText(['', ...alike]);
+  expect(await fills(dots)).toEqual({ [BLUE]: 29 }); // estimated: filled, none red
+
+  // Apply on 2 GPUs leaves the GPUs out, and says so.
+  await gpus.selectOption({ label: '2 GPUs' });
+  await expect(strategy).toBeEnabled();
+  await strategy.selectOption('fsdp2');
+  await panel.getByRole('button', { name: 'Apply' }).click();
+  await expect(panel).toContainText('Apply left out fsdp2 × 2');
+  await panel.getByRole('button', { name: 'Revert' }).click();
+
+  // Re-run measures the baseline (1 GPU) and FSDP2 on 2 GPUs: outlined, over their estimates.
+  await press(panel, 'Re-run', 'measured 2 configuration(s)');
+  await expect(dots).toHaveCount(29 + 1 + 2);
+  expect(await fills(dots)).toEqual({ [BLUE]: 29, none: 3 }); // measured: outlined
+  await expect(table.locator('thead th')).toHaveText([
+    'GPUs',
+    'worst rank',
+    'estimated',
+    'measured',
+    'fits'
+  ]);
+  await expect(await column('measured')).toHaveText([/MiB/, '', /MiB/, '', '', '', '']);
+
+  await chart.scrollIntoViewIfNeeded();
+  await expect(async () => {
+    expect(await clipped(chart, 'path.dot')).toEqual([]);
+    expect(await clipped(chart, 'path.line')).toEqual([]);
+  }).toPass({ timeout: 10000 });
+  // The legend and the table lie beside or under the plot, never over it.
+  const plot = (await chart.locator('svg.svg-figure').boundingBox())!;
+  const legend = (await panel.locator('.jp-gpumem-rank-legend').boundingBox())!;
+  expect(legend.y).toBeGreaterThanOrEqual(plot.y + plot.height - 1);
+  await expect(panel.locator('.jp-gpumem-rank-legend')).toHaveText(
+    /estimated\s*measured\s*worst rank, where ranks differ\s*budget 5\.00 MiB per GPU/
+  );
+  expect((await table.boundingBox())!.x).toBeGreaterThanOrEqual(plot.x + plot.width - 1);
+
+  for (const theme of ['light', 'dark'] as const) {
+    if (theme === 'dark') {
+      await page.theme.setDarkTheme();
+      await expect(chart).toHaveCount(1);
+    }
+    await panel.scrollIntoViewIfNeeded();
+    await page.mouse.move(0, 0); // no figure toolbar shown on hover
+    await panel.screenshot({ path: screenshotPath(`gpus-${theme}.png`) });
   }
   await page.theme.setLightTheme();
 });
