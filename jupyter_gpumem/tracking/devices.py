@@ -34,6 +34,15 @@ def cuda_present(torch: Any) -> bool:
     return _NVML_COUNT[pid] != 0
 
 
+def cuda_count(torch: Any) -> int:
+    """How many CUDA devices this process sees, asked as :func:`cuda_present` asks."""
+    if not cuda_present(torch):
+        return 0
+    if torch.cuda.is_initialized():
+        return int(torch.cuda.device_count())
+    return max(1, _NVML_COUNT[os.getpid()])
+
+
 def _cuda_build(torch: Any) -> bool:
     """True for a torch built with CUDA (a module-level seam, so tests can pretend)."""
     return bool(torch.cuda._is_compiled())

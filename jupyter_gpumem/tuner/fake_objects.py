@@ -220,7 +220,7 @@ def foreach_on(torch: Any, optimizer: Any, device: Any) -> None:
 def rng_kept(torch: Any) -> Iterator[None]:
     """The random generators as they were, whatever the run does (checkpointing sets them)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never is_available(): it would poison fork
         state["cuda"] = torch.cuda.get_rng_state_all()
     numpy = sys.modules.get("numpy")
     if numpy is not None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.report.record import report_from_dict
 from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tracking.devices import cuda_count
 from jupyter_gpumem.tracking.ranks import SETTLE_S, stop_inherited, write_json
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def run_ranks(trial: Trial, config: Config) -> TrialResult:
     device = trial.device
     if device.type == "cuda" and torch.cuda.is_initialized():
         raise RuntimeError(CUDA_IN_KERNEL)
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0  # NVML: no CUDA init
+    gpus = cuda_count(torch) if device.type == "cuda" else 0
     backend = "nccl" if device.type == "cuda" and gpus >= config.world_size else "gloo"
     folder = tempfile.mkdtemp(prefix="gpumem-trial-ranks-")
     try:

@@ -420,7 +420,7 @@ class _Host:
 
 def _rng_state(torch: Any) -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never is_available(): it would poison fork
         state["cuda"] = torch.cuda.get_rng_state_all()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -441,7 +441,7 @@ def _release(torch: Any, *, collect: bool) -> None:
     """Free what a trial left (an OOM's frames included) and empty the cache for a fair start."""
     if collect:
         gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never is_available(): it would poison fork
         torch.cuda.empty_cache()
 
 

@@ -1,0 +1,156 @@
+"""Will it fit on N GPUs: per-rank estimates against forked ranks on the GPU (issue 23).
+
+GPT-2 124M and a torchvision ViT-B/16, for ``ddp`` and ``fsdp2``, ``world_size`` 2 and 4. With
+fewer GPUs than ranks the ranks share the GPUs over gloo; with enough, each has its own over
+NCCL. Each rank's estimate (made in one process, on fake tensors, before any rank ran) must be
+within 5% of its measured peak, and each rank's measured peak must equal its own
+``torch.cuda.max_memory_allocated()`` over the measured steps.
+
+One fresh interpreter builds the models on the CPU, so that CUDA stays untouched in it and the
+ranks can be forked; the figures go to ``$GPUMEM_OUT/parallel_gpu.json`` when it is set.
+``GPUMEM_WORLD_SIZES`` (default ``2,4``) picks the world sizes: ``2`` on a two-GPU machine
+runs the NCCL case alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TOLERANCE_PCT = 5.0
+WORLD_SIZES = tuple(int(w) for w in os.environ.get("GPUMEM_WORLD_SIZES", "2,4").split(","))
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time, multiprocessing, os
+    import torch, torch.nn as nn
+    from jupyter_gpumem.techniques import Config
+    from jupyter_gpumem.tuner.trial import Trial
+
+    def gpt2():
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config())
+        ids = torch.randint(0, 50257, (4, 512))
+        return model, ids, lambda m, b: m(input_ids=b, labels=b).loss
+
+    def vit():
+        from torchvision.models import vit_b_16
+        torch.manual_seed(0)
+        model = vit_b_16()
+        batch = (torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,)))
+        return model, batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
+
+    worlds = tuple(int(w) for w in sys.argv[1].split(","))
+    out = {"gpus": torch.cuda.device_count(), "cases": []}
+    for name, build in (("gpt2", gpt2), ("vit_b_16", vit)):
+        model, batch, loss = build()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        trial = Trial(model, batch, loss, optimizer=opt, warmup=2, steps=2, device="cuda")
+        for world in worlds:
+            for parallel in ("ddp", "fsdp2"):
+                config = Config(parallel=parallel, world_size=world)
+                t0 = time.perf_counter()
+                est = trial.estimate(config=config)
+                est_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                res = trial.run(config)
+                run_s = time.perf_counter() - t0
+                case = {
+                    "model": name, "parallel": parallel, "world_size": world,
+                    "estimate_s": est_s, "run_s": run_s, "status": res.status,
+                    "error": res.error, "notes": list(res.warnings), "reason": est.reason,
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "estimated": e.peak_bytes,
+                            "measured": r.peak_allocated_bytes,
+                            "own_max_allocated": r.own_peak_bytes,
+                            "error_pct": e.error_pct(r.peak_allocated_bytes),
+                            "estimated_breakdown": e.breakdown,
+                            "measured_breakdown": r.breakdown,
+                        }
+                        for r, e in zip(res.ranks, est.ranks)
+                    ],
+                }
+                print(name, parallel, world, res.status, res.error, flush=True)
+                print(res.vs_estimate, flush=True)
+                out["cases"].append(case)
+        del model, opt, trial
+    out["kernel_cuda_initialized"] = torch.cuda.is_initialized()
+
+    def touch(q):
+        q.put(float(torch.ones(4, device="cuda").sum()))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=touch, args=(q,))
+    p.start(); p.join(120)
+    out["plain_fork_after"] = p.exitcode == 0 and q.get(timeout=5) == 4.0
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, Any]:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchvision")
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ",".join(map(str, WORLD_SIZES))],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    print(done.stdout)
+    line = next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))
+    out: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    target = os.environ.get("GPUMEM_OUT")
+    if target:
+        Path(target, "parallel_gpu.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def test_every_rank_ran_and_was_estimated(figures: dict[str, Any]) -> None:
+    assert len(figures["cases"]) == 2 * 2 * len(WORLD_SIZES)  # two models, two strategies
+    for case in figures["cases"]:
+        assert case["status"] == "ok", case["error"]
+        assert case["reason"] is None
+        assert [r["rank"] for r in case["ranks"]] == list(range(case["world_size"]))
+
+
+def test_each_rank_estimate_is_within_5_percent(figures: dict[str, Any]) -> None:
+    for case in figures["cases"]:
+        for rank in case["ranks"]:
+            label = f"{case['model']} {case['parallel']} x{case['world_size']} rank {rank['rank']}"
+            assert abs(rank["error_pct"]) <= TOLERANCE_PCT, (label, rank)
+
+
+def test_each_rank_peak_is_its_own_max_memory_allocated(figures: dict[str, Any]) -> None:
+    for case in figures["cases"]:
+        for rank in case["ranks"]:
+            assert rank["measured"] == rank["own_max_allocated"], (case["model"], rank)
+            assert sum(rank["measured_breakdown"].values()) == rank["measured"]
+
+
+def test_shards_and_buckets_land_in_their_categories(figures: dict[str, Any]) -> None:
+    for case in figures["cases"]:
+        for rank in case["ranks"]:
+            est, measured = rank["estimated_breakdown"], rank["measured_breakdown"]
+            assert est["communication"] > 0, case  # FSDP2's gathers, DDP's buckets
+            if case["parallel"] == "fsdp2":
+                # each rank holds about 1/world of the parameters (padded shards)
+                share = est["parameters"] / measured["parameters"]
+                assert share == 1.0, (case["model"], rank["rank"], est, measured)
+
+
+def test_the_kernel_stays_free_to_fork(figures: dict[str, Any]) -> None:
+    assert figures["kernel_cuda_initialized"] is False
+    assert figures["plain_fork_after"] is True
