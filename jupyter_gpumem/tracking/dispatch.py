@@ -29,9 +29,10 @@ Known limitations:
 - Memory that no op allocates is not seen: storages shared with numpy
   (``torch.from_numpy``, ``torch.as_tensor``, ``torch.frombuffer``; ``torch.tensor``
   is seen, through ``lift_fresh``), shared-memory storages from DataLoader
-  workers, ``UntypedStorage.resize_`` called directly (seen only when the storage
-  is next an op's output), scratch memory that kernels allocate and free inside
-  one op.
+  workers, scratch memory that kernels allocate and free inside one op.
+  ``UntypedStorage.resize_`` called from Python is seen (FSDP2 frees and refills its
+  unsharded parameters so, see :mod:`.storage_resizes`): on a followed storage it is a
+  free and an alloc, and a storage grown from nothing is new.
 - Storages older than ``start()`` are not followed: a cell that deletes an old
   tensor shows no drop. Frees after ``stop()`` are not reported.
 - Autograd's buffers (gradients, saved tensors) are seen: the engine makes them
@@ -66,6 +67,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from jupyter_gpumem.records import COMMUNICATION, PASS_THROUGH, TraceEvent, frame_role
+from jupyter_gpumem.tracking import storage_resizes
 
 DEVICES = frozenset({"cpu", "meta"})
 _MAX_WALK = 64  # frames walked to find max_frames user frames
@@ -117,6 +119,7 @@ class DispatchRecorder:
         self._roles: dict[str, str] = {}  # filename -> records.frame_role, or ours: pass-through
         self._tensor_type: type = object
         self._on_free_cb = self._on_free  # one bound method shared by every weakref
+        self._on_resize_cb = self._on_resize  # the same object to listen and unlisten
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -178,6 +181,7 @@ class DispatchRecorder:
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
         self._following = True
+        storage_resizes.listen(torch, self._on_resize_cb)
         return tuple(known)
 
     def pause(self) -> None:
@@ -202,6 +206,7 @@ class DispatchRecorder:
             self._mode = None
             self._following = False
             self._live.clear()  # drops the weakrefs: later frees are not reported
+        storage_resizes.unlisten(sys.modules["torch"], self._on_resize_cb)
         if mode is not None:
             _exit_mode(mode)
         return self.events
@@ -280,6 +285,18 @@ class DispatchRecorder:
             if size:
                 self._raw.append(("alloc", address, size, now, self._frames()))
             ref.address, ref.size = address, size
+
+    def _on_resize(self, st: Any, before: int) -> None:
+        """``UntypedStorage.resize_`` from Python: a followed storage's new block, or a new one."""
+        kind = st.device.type
+        if not ((self._cpu and kind == "cpu") or (self._meta and kind == "meta")):
+            return
+        with self._lock:
+            ref = self._live.get(st._cdata)
+            if ref is not None:
+                self._check_resized(ref, st)
+            elif before == 0 and st.nbytes() and self._mode is not None:
+                self._add(st._cdata, st)
 
     def _on_free(self, ref: weakref.ref[Any]) -> None:
         assert isinstance(ref, _StorageRef)

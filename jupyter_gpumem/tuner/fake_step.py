@@ -40,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 from jupyter_gpumem.records import CALLER, PASS_THROUGH, PhaseMark, frame_role
+from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
 from jupyter_gpumem.tuner.fake_objects import (
@@ -149,6 +150,18 @@ class StorageLog:
             if st._cdata not in inputs:
                 self._add(st, event=True)
 
+    def resized(self, st: Any, before: int) -> None:
+        """``UntypedStorage.resize_`` from Python (FSDP2 frees and refills its unsharded
+        parameters so): a known storage's new block, or a new storage grown from nothing."""
+        with self._lock:
+            ref = self._live.get(st._cdata)
+            if ref is not None:
+                if st.nbytes() != ref.size:
+                    self._drop(ref)
+                    self._add(st, event=True)
+            elif before == 0 and st.nbytes() and self.recording:
+                self._add(st, event=True)
+
     def tag(self, value: Any, category: str) -> None:
         if not isinstance(value, self.torch.Tensor):
             return
@@ -204,7 +217,7 @@ class StorageLog:
             ref = _Ref(st, self._on_free_cb)
             ref.index, ref.key, ref.size = index, st._cdata, st.nbytes()
             self._live[ref.key] = ref
-            if event and self.recording:
+            if event and self.recording and ref.size:  # an empty storage holds no block
                 self.clock += 1
                 self.events.append(("alloc", index, self.clock))
                 if self.communication is not None:
@@ -218,7 +231,7 @@ class StorageLog:
             if self._live.get(ref.key) is not ref:
                 return
             del self._live[ref.key]
-            if self.recording:
+            if self.recording and ref.size:
                 self.clock += 1
                 self.events.append(("free", ref.index, self.clock))
 
@@ -242,7 +255,7 @@ class StorageLog:
         return keys
 
 
-_OURS = ("/jupyter_gpumem/tuner/", "/torch/_subclasses/")
+_OURS = ("/jupyter_gpumem/tuner/", "/jupyter_gpumem/tracking/", "/torch/_subclasses/")
 
 
 def _communication_frame() -> dict[str, Any] | None:
@@ -335,6 +348,7 @@ def run_fake(
         faker.done()
         recording = _recording_mode()(log)
         applied = None
+        storage_resizes.listen(torch, log.resized)
         try:
             with recording:
                 log.recording = True
@@ -357,6 +371,7 @@ def run_fake(
             raise Unfakeable(_reason(exc)) from exc
         finally:
             log.recording = False
+            storage_resizes.unlisten(torch, log.resized)
             if applied is not None:
                 applied.revert()
     return FakeRun(

@@ -172,6 +172,20 @@ def _job(config: Config, results: list[dict[str, Any]], backend: str) -> TrialRe
 
 
 # -- a rank's side -----------------------------------------------------------------------------
+def _release_replaced(originals: list[Any], model: Any) -> None:
+    """Give back the memory of the parameters the strategy replaced (FSDP2's unsharded ones).
+
+    In this forked rank the kernel's optimizer and the trial's saved state still hold them;
+    a job that shards its model before it builds its optimizer holds only the shards.
+    """
+    import torch
+
+    kept = {id(p) for p in model.parameters()}
+    for p in originals:
+        if id(p) not in kept:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+
 def _rank_main(
     rank: int, trial: Trial, config: Config, folder: str, backend: str, gpus: int
 ) -> None:
@@ -227,7 +241,10 @@ def _measure_rank(
             steps=trial.steps,
             device=device,
         )
+        originals = list(model.parameters())
         applied = apply_config(model, config, optimizer)
+        if applied.optimizer is not optimizer:
+            _release_replaced(originals, applied.model)
 
         def reset_peak() -> None:
             if cuda:

@@ -75,6 +75,7 @@ SCRIPT = textwrap.dedent(
                             "error_pct": e.error_pct(r.peak_allocated_bytes),
                             "estimated_breakdown": e.breakdown,
                             "measured_breakdown": r.breakdown,
+                            "report_notes": list(r.report.notes) if r.report else None,
                         }
                         for r, e in zip(res.ranks, est.ranks)
                     ],
@@ -137,6 +138,7 @@ def test_each_rank_peak_is_its_own_max_memory_allocated(figures: dict[str, Any])
     for case in figures["cases"]:
         for rank in case["ranks"]:
             assert rank["measured"] == rank["own_max_allocated"], (case["model"], rank)
+            assert rank["measured_breakdown"] is not None, (case["model"], rank["report_notes"])
             assert sum(rank["measured_breakdown"].values()) == rank["measured"]
 
 
@@ -146,9 +148,9 @@ def test_shards_and_buckets_land_in_their_categories(figures: dict[str, Any]) ->
             est, measured = rank["estimated_breakdown"], rank["measured_breakdown"]
             assert est["communication"] > 0, case  # FSDP2's gathers, DDP's buckets
             if case["parallel"] == "fsdp2":
-                # each rank holds about 1/world of the parameters (padded shards)
-                share = est["parameters"] / measured["parameters"]
-                assert share == 1.0, (case["model"], rank["rank"], est, measured)
+                # each rank holds its padded shard of the parameters, and no unsharded copy
+                assert est["parameters"] == measured["parameters"], (case["model"], est, measured)
+                assert measured["unattributed"] <= 0.02 * rank["measured"], (case, measured)
 
 
 def test_the_kernel_stays_free_to_fork(figures: dict[str, Any]) -> None:

@@ -69,6 +69,19 @@ def _loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return model(batch).square().mean()
 
 
+@pytest.fixture(autouse=True)
+def _closed_panels() -> Iterator[None]:
+    """Close every panel a test opened: an open widget keeps its model and optimizer alive,
+    and a later test's kernel would hold them."""
+    yield
+    import gc
+
+    import ipywidgets
+
+    ipywidgets.Widget.close_all()
+    gc.collect()
+
+
 @pytest.fixture
 def ns(shell: InteractiveShell) -> Iterator[dict[str, Any]]:
     """model, opt (AdamW) and x in the user namespace; no earlier cell in the input history."""
