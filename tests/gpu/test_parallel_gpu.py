@@ -138,8 +138,28 @@ def test_each_rank_peak_is_its_own_max_memory_allocated(figures: dict[str, Any])
     for case in figures["cases"]:
         for rank in case["ranks"]:
             assert rank["measured"] == rank["own_max_allocated"], (case["model"], rank)
-            assert rank["measured_breakdown"] is not None, (case["model"], rank["report_notes"])
-            assert sum(rank["measured_breakdown"].values()) == rank["measured"]
+
+
+# Ranks sharing a GPU over gloo: gloo's worker threads stage FSDP2's CUDA tensors while the
+# rank's window starts, so its layout read can disagree with its counters. The peak stays
+# exact (the counters); the breakdown is left out, and the report says why.
+RACED = "trace replay stopped: start layout holds"
+
+
+def test_breakdowns_sum_to_the_peak_or_say_why_they_are_missing(figures: dict[str, Any]) -> None:
+    shared = figures["gpus"] == 1
+    for case in figures["cases"]:
+        broken_down = 0
+        for rank in case["ranks"]:
+            measured = rank["measured_breakdown"]
+            if measured is None:
+                label = (case["model"], case["parallel"], case["world_size"], rank["rank"])
+                assert shared and case["parallel"] == "fsdp2", (label, rank["report_notes"])
+                assert any(RACED in note for note in rank["report_notes"]), (label, rank)
+                continue
+            broken_down += 1
+            assert sum(measured.values()) == rank["measured"], (case["model"], rank)
+        assert broken_down > 0, case
 
 
 def test_shards_and_buckets_land_in_their_categories(figures: dict[str, Any]) -> None:
@@ -147,7 +167,7 @@ def test_shards_and_buckets_land_in_their_categories(figures: dict[str, Any]) ->
         for rank in case["ranks"]:
             est, measured = rank["estimated_breakdown"], rank["measured_breakdown"]
             assert est["communication"] > 0, case  # FSDP2's gathers, DDP's buckets
-            if case["parallel"] == "fsdp2":
+            if case["parallel"] == "fsdp2" and measured is not None:
                 # each rank holds its padded shard of the parameters, and no unsharded copy
                 assert est["parameters"] == measured["parameters"], (case["model"], est, measured)
                 assert measured["unattributed"] <= 0.02 * rank["measured"], (case, measured)
