@@ -172,3 +172,24 @@ def test_labels_and_keywords(trial: Trial) -> None:
     assert len(by_keywords.ranks) == 2
     with pytest.raises(TypeError, match="parallel, world_size"):
         trial.estimate(parallel_ranks=2)
+
+
+def test_max_batch_size_per_gpu_follows_the_strategy(trial: Trial) -> None:
+    def make_batch(n: int) -> torch.Tensor:
+        return torch.randn(n, 192)
+
+    budget = 3 * 2**20
+    one = trial.max_batch_size(budget, make_batch, high=4096)
+    ddp = trial.max_batch_size(budget, make_batch, high=4096, parallel="ddp", world_size=2)
+    search = trial.last_search
+    assert search is not None and search.estimate is not None and search.above is not None
+    assert len(search.estimate.ranks) == 2
+    # the worst rank fits and the next batch size does not
+    assert search.estimate.peak_bytes is not None and search.estimate.peak_bytes <= budget
+    assert search.above.peak_bytes is not None and search.above.peak_bytes > budget
+    fsdp = trial.max_batch_size(budget, make_batch, high=4096, parallel="fsdp2", world_size=4)
+    search = trial.last_search
+    assert search is not None and search.estimate is not None
+    assert len(search.estimate.ranks) == 4
+    # DDP keeps a bucket copy of every gradient; FSDP2 keeps a quarter of the model's state
+    assert ddp < one < fsdp
