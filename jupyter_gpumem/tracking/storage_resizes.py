@@ -4,8 +4,8 @@ FSDP2 frees each unsharded parameter after its block's forward with ``storage.re
 and fills it again before the block's backward with ``storage.resize_(n)``. No ATen op runs,
 so a dispatch mode never sees either; the CUDA allocator does (a free, then a new block).
 While a listener is installed, every such call is passed to it after the resize, with the
-storage's size before it, so that the
-CPU source and the fake run follow these storages as the allocator does.
+storage's size before it, so that the CPU source and the fake run follow these storages as the
+allocator does.
 
 Known limitations: calls from C++ (``at::Storage::set_nbytes``) and on storage classes that
 do not inherit ``UntypedStorage.resize_`` are not seen.

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import random
-import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -214,23 +212,3 @@ def foreach_on(torch: Any, optimizer: Any, device: Any) -> None:
         if "foreach" not in group or group["foreach"] is not None or group.get("fused"):
             continue
         group["foreach"] = on and not group.get("differentiable", False)
-
-
-@contextmanager
-def rng_kept(torch: Any) -> Iterator[None]:
-    """The random generators as they were, whatever the run does (checkpointing sets them)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_initialized():  # never is_available(): it would poison fork
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(state["torch"])
-        random.setstate(state["python"])
-        if "cuda" in state:
-            torch.cuda.set_rng_state_all(state["cuda"])
-        if "numpy" in state:
-            sys.modules["numpy"].random.set_state(state["numpy"])

@@ -51,10 +51,10 @@ from jupyter_gpumem.tuner.fake_objects import (
     fake_optimizer,
     foreach_as_real,
     foreach_on,
-    rng_kept,
     swapped,
     tensors_in,
 )
+from jupyter_gpumem.tuner.rng import rng_kept
 
 
 class Unfakeable(Exception):
@@ -141,9 +141,7 @@ class StorageLog:
                 continue
             ref = self._live.get(st._cdata)
             if ref is not None:
-                if st.nbytes() != ref.size:  # resized in place: a new block
-                    self._drop(ref)
-                    self._add(st, event=True)
+                self._renew(ref, st)  # an out= op may have resized it in place
                 continue
             if inputs is None:
                 inputs = self._input_keys(args, kwargs)
@@ -156,11 +154,15 @@ class StorageLog:
         with self._lock:
             ref = self._live.get(st._cdata)
             if ref is not None:
-                if st.nbytes() != ref.size:
-                    self._drop(ref)
-                    self._add(st, event=True)
+                self._renew(ref, st)
             elif before == 0 and st.nbytes() and self.recording:
                 self._add(st, event=True)
+
+    def _renew(self, ref: _Ref, st: Any) -> None:
+        """A known storage of another size now: its block freed, a new one allocated."""
+        if st.nbytes() != ref.size:
+            self._drop(ref)
+            self._add(st, event=True)
 
     def tag(self, value: Any, category: str) -> None:
         if not isinstance(value, self.torch.Tensor):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import random
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from jupyter_gpumem.report import text
 from jupyter_gpumem.report.record import Report, status_of
 from jupyter_gpumem.session import Measurement, MeasureOptions
+from jupyter_gpumem.tuner.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Applied, Config
@@ -342,7 +342,7 @@ class _Saved:
                 copy.deepcopy({k: v for k, v in g.items() if k != "params"})
                 for g in optimizer.param_groups
             ]
-        self.rng = _rng_state(torch)
+        self.rng = rng_state(torch)
 
     def reset_for_trial(self) -> None:
         """The user's weights and random state, with no gradients and no optimizer state."""
@@ -373,7 +373,7 @@ class _Saved:
         if self.optimizer is not None:
             for group, hyper in zip(self.optimizer.param_groups, self.opt_groups, strict=True):
                 group.update(copy.deepcopy(hyper))
-        _set_rng_state(torch, self.rng)
+        set_rng_state(torch, self.rng)
         if not final:
             return
         for p, grad in self.grads:
@@ -416,25 +416,6 @@ class _Host:
         if self.device is None:
             return copy.deepcopy(self.value)
         return self.value.to(self.device, copy=True)
-
-
-def _rng_state(torch: Any) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_initialized():  # never is_available(): it would poison fork
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def _set_rng_state(torch: Any, state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        sys.modules["numpy"].random.set_state(state["numpy"])
 
 
 def _release(torch: Any, *, collect: bool) -> None:
