@@ -93,6 +93,18 @@ _PARTS = (
     ("jupyter_gpumem.analysis.attribution", None, "categorize"),
     ("jupyter_gpumem.analysis.peaks", None, "replay"),
     ("jupyter_gpumem.ipython_state", None, "scan_namespace"),
+    ("jupyter_gpumem.ipython_state", None, "check_leaks"),
+    ("jupyter_gpumem.tracking.namespace", "NamedMemo", "named"),
+    ("jupyter_gpumem.tracking.tags", "Tagger", "start"),
+    ("jupyter_gpumem.tracking.tags", "Tagger", "stop"),
+    ("jupyter_gpumem.tracking.cuda", None, "_events"),
+    ("jupyter_gpumem.tracking.cuda", None, "_segments"),
+    ("jupyter_gpumem.tracking.cuda", None, "_new_blocks"),
+    ("jupyter_gpumem.analysis.breakdown", None, "_categorize_held"),
+    ("jupyter_gpumem.analysis.breakdown", None, "tensor_records"),
+    ("jupyter_gpumem.analysis.replay", None, "layout_after"),
+    ("jupyter_gpumem.records", "AllocatedSummary", "of"),
+    ("jupyter_gpumem.frontend", None, "show"),
 )
 
 

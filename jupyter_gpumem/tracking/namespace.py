@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 from jupyter_gpumem.records import NamedStorage
@@ -59,8 +61,13 @@ def modules_and_optimizers(
 
 
 def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
-    """Every tensor storage reachable from the namespace, by storage address; first name wins."""
-    return named_of(walk(user_ns))
+    """Every tensor storage reachable from the namespace, by storage address; first name wins.
+
+    Each module's, optimizer's and variable's storages are named again only where it holds
+    other tensors than at the last read (see :class:`_SourceNames`).
+    """
+    parts = [_SOURCES.named(source) for source in _sources(user_ns)]
+    return _SOURCES.merged(parts)
 
 
 def named_of(found: Iterable[tuple[Any, str, str | None]]) -> dict[int, NamedStorage]:
@@ -214,61 +221,208 @@ def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:
     Optimizers held outside the namespace's variables (see :mod:`.held_state`) count too,
     with the parameters they step where no namespace module has them.
     """
+    for source in _sources(user_ns):
+        yield from source.entries()
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One module, optimizer or variable: its tensors (cheap to list), and the same with
+    their names and categories (made only when they are to be named again)."""
+
+    key: tuple[Any, ...]  # what its names depend on besides its tensors
+    tensors: Callable[[], list[Any]]
+    entries: Callable[[], Iterable[tuple[Any, str, str | None]]]
+
+
+def _sources(user_ns: Mapping[str, Any]) -> Iterator[_Source]:
     torch = sys.modules.get("torch")
     if torch is None:
         return
     modules, optimizers = modules_and_optimizers(user_ns)
     param_names: dict[int, str] = {}
+    structure: list[tuple[int, str, int]] = []
     for mod_name, module in modules.values():
-        for pname, p in module.named_parameters():
-            param_names[id(p)] = f"{mod_name}.{pname}"
-            yield p, f"{mod_name}.{pname}", "parameters"
-            if p.grad is not None:
-                yield p.grad, f"{mod_name}.{pname}.grad", "gradients"
-        for bname, b in module.named_buffers():
-            yield b, f"{mod_name}.{bname}", "parameters"
+        params, buffers = _STRUCTURE.of(module, mod_name)
+        param_names.update((id(p), name) for name, p in params)
+        structure.append((id(module), mod_name, _STRUCTURE.edits))
+        yield _module_source(module, params, buffers)
+    context = (tuple(structure), HELD.count)
     for opt_name, opt in optimizers.values():
-        yield from _optimizer_tensors(opt, opt_name, param_names, torch)
+        yield _optimizer_source(opt, opt_name, param_names, torch, context)
     for label, opt in HELD.known():
         if id(opt) not in optimizers:
-            yield from _optimizer_tensors(opt, label, param_names, torch, params=True)
+            adopted = _adopt(opt, label, param_names)
+            yield _optimizer_source(opt, label, param_names, torch, context, adopted)
     for name, value in roots(user_ns):
-        for path, t in _tensors_in(value, name, torch):
-            yield t, path, None
+        yield _variable_source(name, value, torch)
 
 
-def _optimizer_tensors(
-    opt: Any, label: str, param_names: dict[int, str], torch: Any, params: bool = False
-) -> Iterator[tuple[Any, str, str | None]]:
-    """The gradients and state of ``opt``'s parameters (and, with ``params``, the parameters
-    no namespace module named)."""
+def _variable_source(name: str, value: Any, torch: Any) -> _Source:
+    def tensors() -> list[Any]:
+        return [t for _, _, t in _tensors_in(value, torch)]
+
+    def entries() -> Iterator[tuple[Any, str, str | None]]:
+        for path, key, t in _tensors_in(value, torch):
+            yield t, name + path.format(key), None
+
+    return _Source(("variable", name, id(value)), tensors, entries)
+
+
+def _module_source(
+    module: Any, params: list[tuple[str, Any]], buffers: list[tuple[str, Any]]
+) -> _Source:
+    def tensors() -> list[Any]:
+        return [*(t for _, p in params for t in (p, p.grad)), *(b for _, b in buffers)]
+
+    def entries() -> Iterator[tuple[Any, str, str | None]]:
+        for name, p in params:
+            yield p, name, "parameters"
+            if p.grad is not None:
+                yield p.grad, f"{name}.grad", "gradients"
+        for name, b in buffers:
+            yield b, name, "parameters"
+
+    return _Source(("module", id(module), _STRUCTURE.edits, len(params)), tensors, entries)
+
+
+def _adopt(opt: Any, label: str, param_names: dict[int, str]) -> list[tuple[Any, str]]:
+    """Name the parameters of a held optimizer that no namespace module names."""
+    adopted = []
     for g, group in enumerate(opt.param_groups):
         for i, p in enumerate(group["params"]):
-            pname = param_names.get(id(p))
-            if pname is None:
-                pname = f"{label}.param_groups[{g}][{i}]"
-                if params:
-                    param_names[id(p)] = pname
-                    yield p, pname, "parameters"
-            if p.grad is not None:
-                yield p.grad, f"{pname}.grad", "gradients"
-            for key, value in opt.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    yield value, f"{label}.state[{pname}][{key!r}]", "optimizer_state"
+            if id(p) not in param_names:
+                param_names[id(p)] = f"{label}.param_groups[{g}][{i}]"
+                adopted.append((p, param_names[id(p)]))
+    return adopted
 
 
-def _tensors_in(value: Any, name: str, torch: Any) -> Iterator[tuple[str, Any]]:
+def _optimizer_source(
+    opt: Any,
+    label: str,
+    param_names: dict[int, str],
+    torch: Any,
+    context: tuple[Any, ...],
+    adopted: list[tuple[Any, str]] | None = None,
+) -> _Source:
+    """The gradients and state of ``opt``'s parameters (and the ``adopted`` parameters)."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def tensors() -> list[Any]:
+        state = opt.state
+        return [
+            *(p for p, _ in adopted or ()),
+            *(p.grad for p in params),
+            *(v for p in params for v in state.get(p, {}).values()),
+        ]
+
+    def entries() -> Iterator[tuple[Any, str, str | None]]:
+        for p, pname in adopted or ():
+            yield p, pname, "parameters"
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                pname = param_names.get(id(p), f"{label}.param_groups[{g}][{i}]")
+                if p.grad is not None:
+                    yield p.grad, f"{pname}.grad", "gradients"
+                for key, value in opt.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        yield value, f"{label}.state[{pname}][{key!r}]", "optimizer_state"
+
+    return _Source(("optimizer", id(opt), label, bool(adopted), context), tensors, entries)
+
+
+class _ModuleStructure:
+    """Each module's parameters and buffers with their paths, listed again only after some
+    module registered something (``ModuleEdits``): walking a model's submodules is most of
+    what naming its storages costs."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Any, str, int, Any]] = {}
+        self.edits = -1  # EDITS.count the kept lists were made at; -1: not kept (no hooks)
+
+    def of(self, module: Any, name: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        edits = EDITS.count if EDITS.install() else -1
+        if edits != self.edits or edits < 0:
+            self._kept.clear()
+            self.edits = edits
+        kept = self._kept.get(id(module))
+        if kept is not None and kept[0]() is module and kept[1] == name:
+            return kept[3]  # type: ignore[no-any-return]
+        lists = (
+            [(f"{name}.{pname}", p) for pname, p in module.named_parameters()],
+            [(f"{name}.{bname}", b) for bname, b in module.named_buffers()],
+        )
+        self._kept[id(module)] = (weakref.ref(module), name, edits, lists)
+        return lists
+
+
+_STRUCTURE = _ModuleStructure()
+
+
+class _SourceNames:
+    """Each source's named storages as last made, reused while it lists the same tensors
+    with the same data and shapes.
+
+    A kernel holding several models with their optimizers lists thousands of tensors per
+    read; comparing their identities, data pointers and shapes in bulk costs a fraction of
+    naming each. Only ids are kept, never the tensors.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Any, ...], tuple[list[Any] | None, list[NamedStorage]]] = {}
+        self._used: set[tuple[Any, ...]] = set()
+        self._merged: tuple[list[list[NamedStorage]], dict[int, NamedStorage]] | None = None
+
+    def named(self, source: _Source) -> list[NamedStorage]:
+        try:
+            signature: list[Any] | None = [
+                (id(t), t.data_ptr(), t.shape) if t is not None else None for t in source.tensors()
+            ]
+        except (RuntimeError, NotImplementedError):  # a tensor without storage: name each
+            signature = None
+        kept = self._kept.get(source.key)
+        self._used.add(source.key)
+        if kept is not None and signature is not None and kept[0] == signature:
+            return kept[1]
+        named = [n for t, name, cat in source.entries() if (n := _NAMES.get(t, name, cat))]
+        if len(self._kept) > _PRUNE_AT:
+            self._kept = {k: v for k, v in self._kept.items() if k in self._used}
+            self._used = set()
+        self._kept[source.key] = (signature, named)
+        return named
+
+    def merged(self, parts: list[list[NamedStorage]]) -> dict[int, NamedStorage]:
+        """The sources' storages by address, first name winning; the last merge where
+        every source gave the very lists it gave then."""
+        last = self._merged
+        if last is not None and len(last[0]) == len(parts) and all(map(is_, last[0], parts)):
+            return last[1]
+        out: dict[int, NamedStorage] = {}
+        for part in parts:
+            for named in part:
+                if named.address not in out:
+                    out[named.address] = named
+        self._merged = (parts, out)  # holding the lists keeps their identities unique
+        return out
+
+
+_SOURCES = _SourceNames()
+
+
+def _tensors_in(value: Any, torch: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(path format, key, tensor) for the tensors a variable holds: its path is the
+    variable's name followed by ``format.format(key)`` (made only where it is named)."""
     if isinstance(value, torch.Tensor):
-        yield name, value
+        yield "", None, value
         if value.is_leaf and value.grad is not None:
-            yield f"{name}.grad", value.grad
+            yield ".grad", None, value.grad
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):
             if isinstance(item, torch.Tensor):
-                yield f"{name}[{i}]", item
+                yield "[{}]", i, item
     elif isinstance(value, dict):
         for i, (key, item) in enumerate(value.items()):
             if i >= MAX_CONTAINER_ITEMS:
                 break
             if isinstance(item, torch.Tensor):
-                yield f"{name}[{key!r}]", item
+                yield "[{!r}]", key, item

@@ -62,3 +62,66 @@ def test_without_allocator_counters_every_call_reads(reads: list[int]) -> None:
     namespace.NAMED.named(ns, activity=None)
     namespace.NAMED.named(ns, activity=None)
     assert len(reads) == 2
+
+
+def _fresh_names(ns: dict[str, Any]) -> dict[int, Any]:
+    """The names made from nothing kept: every source named again."""
+    kept = namespace._SOURCES
+    namespace._SOURCES = namespace._SourceNames()
+    try:
+        return namespace.named_storages(ns)
+    finally:
+        namespace._SOURCES = kept
+
+
+def test_kept_names_follow_every_change_a_source_can_make() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters())
+    ns: dict[str, Any] = {"model": model, "opt": opt, "feats": [torch.ones(2)]}
+    seen = []
+
+    def check() -> None:
+        named = namespace.named_storages(ns)
+        assert named == _fresh_names(ns)
+        seen.append({n.name for n in named.values()})
+
+    check()
+    model(torch.randn(3, 4)).sum().backward()  # gradients appear
+    check()
+    opt.step()  # optimizer state appears
+    check()
+    opt.zero_grad(set_to_none=True)  # gradients go
+    check()
+    with torch.no_grad():
+        model[0].weight.data = torch.zeros(4, 4)  # new storage, nothing registered
+    check()
+    model[1].running_mean = torch.ones(4)  # a buffer rebound
+    check()
+    model[0].bias.data.resize_(2)  # same storage, another shape
+    check()
+    ns["feats"].append(torch.zeros(5))  # a container grew
+    check()
+    model.add_module("head", torch.nn.Linear(4, 1))  # a submodule registered
+    check()
+    assert "model.0.weight.grad" in seen[1] and "model.0.weight.grad" not in seen[3]
+    assert any("exp_avg" in name for name in seen[2])
+    assert "feats[1]" in seen[7] and "model.head.weight" in seen[8]
+
+
+def test_a_source_unchanged_is_not_named_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Linear(4, 4)
+    ns: dict[str, Any] = {"model": model, "x": torch.ones(3)}
+    namespace.named_storages(ns)
+    made: list[str] = []
+    original = namespace._NAMES.get
+
+    def counted(t: Any, name: str, category: str | None) -> Any:
+        made.append(name)
+        return original(t, name, category)
+
+    monkeypatch.setattr(namespace._NAMES, "get", counted)
+    first = namespace.named_storages(ns)
+    assert made == [] and namespace.named_storages(ns) is first
+    model.weight.grad = torch.zeros(4, 4)
+    namespace.named_storages(ns)
+    assert sorted(made) == ["model.bias", "model.weight", "model.weight.grad"]
