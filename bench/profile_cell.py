@@ -105,6 +105,18 @@ _PARTS = (
     ("jupyter_gpumem.analysis.replay", None, "layout_after"),
     ("jupyter_gpumem.records", "AllocatedSummary", "of"),
     ("jupyter_gpumem.frontend", None, "show"),
+    ("jupyter_gpumem.cell_run", None, "run"),
+    ("jupyter_gpumem.cell_run", None, "prepare"),
+    ("jupyter_gpumem.session", "Measurement", "__init__"),
+    ("jupyter_gpumem.session", None, "process_bytes"),
+    ("jupyter_gpumem.session", None, "with_ranks"),
+    ("jupyter_gpumem.report_log", None, "record"),
+    ("jupyter_gpumem.report.build", None, "_device_attribution"),
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "_enable"),
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "sample"),
+    ("jupyter_gpumem.tracking.cuda", "CudaSession", "begin_window"),
+    ("jupyter_gpumem.tracking.recorder", "Recorder", "_boundary"),
+    ("jupyter_gpumem.tracking.cuda", None, "workspaces"),
 )
 
 
@@ -145,17 +157,55 @@ def _timed(bench: scale.Bench, cell: scale.Cell, body: str, plain: float) -> Non
 
         torch.cuda.memory._snapshot = timed_snap
         originals.append((torch.cuda.memory, name, original))
-    wholes = []
-    runs = 5
+    import gc
+
+    collecting: dict[str, float] = {}
+
+    collect = gc.collect
+
+    def explicit_collect(*a: object) -> int:  # the harness's own, before each run: not timed
+        collecting["explicit"] = 1.0
+        try:
+            return collect(*a)  # type: ignore[arg-type]
+        finally:
+            collecting.pop("explicit")
+
+    scale.gc.collect = explicit_collect  # type: ignore[attr-defined]
+
+    def gc_timer(phase: str, info: dict) -> None:
+        if "explicit" in collecting:
+            return
+        if phase == "start":
+            collecting["t0"] = time.perf_counter()
+        elif "t0" in collecting:
+            key = f"gc gen{info['generation']} [{collecting['run']}]"
+            spent.setdefault(key, []).append(time.perf_counter() - collecting.pop("t0"))
+
+    gc.callbacks.append(gc_timer)
+    wholes, plains, in_cells, plain_in_cells = [], [], [], []
+    runs = 9
     try:
         for _ in range(runs):
-            wholes.append(bench._once("%%gpumem --quiet\n" + body)[0])
-            bench._once(body)
+            collecting["run"] = "gpumem"
+            whole, in_cell, _ = bench._once("%%gpumem --quiet\n" + body)
+            wholes.append(whole)
+            in_cells.append(in_cell)
+            collecting["run"] = "plain"
+            whole, in_cell, _ = bench._once(body)
+            plains.append(whole)
+            plain_in_cells.append(in_cell)
     finally:
+        gc.callbacks.remove(gc_timer)
+        scale.gc.collect = collect  # type: ignore[attr-defined]
         for owner, attr, original in originals:
             setattr(owner, attr, original)
+    plain = statistics.median(plains)
+    ratios = [w / p for w, p in zip(wholes, plains, strict=True)]
     print(
         f"== {cell.name}: plain {plain * 1e3:.1f} ms, %%gpumem {statistics.median(wholes) * 1e3:.1f} ms"
+        f" (median ratio {statistics.median(ratios):.3f}); in the cell: plain"
+        f" {statistics.median(plain_in_cells) * 1e3:.1f} ms, %%gpumem"
+        f" {statistics.median(in_cells) * 1e3:.1f} ms"
     )
     for key, times in spent.items():
         per_cell = sum(times) / runs

@@ -8,7 +8,7 @@ nothing of ours, so a recording can be saved, loaded and analysed without torch 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -41,24 +41,44 @@ class AllocatedBlock(NamedTuple):
         return self.size if self.requested_size is None else min(self.requested_size, self.size)
 
 
-@dataclass(frozen=True)
 class AllocatedSummary:
-    """A segment's allocated blocks, totalled and indexed by address, made once per layout."""
+    """A segment's allocated blocks, totalled; their index by address and the count of each
+    request are made when first read (the breakdown looks into few of a kernel's segments)."""
 
-    size: int  # bytes of its allocated blocks
-    requested: int  # what their tensors asked for (a block's size where unknown), at most `size`
-    blocks: Mapping[int, AllocatedBlock]  # by address
-    requests: Mapping[int, int]  # how many blocks asked for each size
+    __slots__ = ("_blocks", "_count_requests", "_index", "_requests", "requested", "size")
+
+    def __init__(
+        self,
+        size: int,
+        requested: int,
+        blocks: Callable[[], Sequence[AllocatedBlock]],
+        count_requests: Callable[[], Mapping[int, int]] | None = None,
+    ) -> None:
+        self.size = size  # bytes of its allocated blocks
+        self.requested = requested  # what their tensors asked for, at most ``size``
+        self._blocks = blocks
+        self._count_requests = count_requests
+        self._index: dict[int, AllocatedBlock] | None = None
+        self._requests: Mapping[int, int] | None = None
 
     @classmethod
     def of(cls, blocks: Sequence[AllocatedBlock]) -> AllocatedSummary:
-        asked = [b.request for b in blocks]
-        return cls(
-            sum(b.size for b in blocks),
-            sum(asked),
-            {b.address: b for b in blocks},
-            Counter(asked),
-        )
+        return cls(sum(b.size for b in blocks), sum(b.request for b in blocks), lambda: blocks)
+
+    @property
+    def blocks(self) -> Mapping[int, AllocatedBlock]:
+        """The allocated blocks by address."""
+        if self._index is None:
+            self._index = {b.address: b for b in self._blocks()}
+        return self._index
+
+    @property
+    def requests(self) -> Mapping[int, int]:
+        """How many blocks asked for each size."""
+        if self._requests is None:
+            made = self._count_requests
+            self._requests = made() if made else Counter(b.request for b in self._blocks())
+        return self._requests
 
 
 @dataclass(frozen=True)

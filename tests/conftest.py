@@ -21,3 +21,13 @@ def shell() -> Iterator[InteractiveShell]:
     ip.run_line_magic("unload_ext", "jupyter_gpumem")
     ip.reset(new_session=False)  # the singleton shell would keep this test's models alive
     history.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_segment_summaries() -> Iterator[None]:
+    """Each test reads its layouts afresh: made-up snapshots share addresses and totals."""
+    from jupyter_gpumem.tracking.cuda import SUMMARIES
+
+    SUMMARIES.clear()
+    yield
+    SUMMARIES.clear()

@@ -181,8 +181,10 @@ def _categorize_held(
     found = [(CUDA_GRAPH_POOL_NAME, in_pools)]
     for workspace in library.workspaces:
         size = workspace.requested
-        count = sum(
-            s.requests.get(size, 0) for s, p in zip(summaries, pooled, strict=True) if not p
+        count = sum(  # a segment whose tensors asked for less in all holds none
+            s.requests.get(size, 0)
+            for s, p in zip(summaries, pooled, strict=True)
+            if not p and s.requested >= size
         )
         nbytes = size * (count - claimed_requests.get(size, 0))
         found.append((workspace.name, nbytes))

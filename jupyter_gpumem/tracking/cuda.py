@@ -367,7 +367,7 @@ class CudaSession:
         if self.snapshot_path:
             self._snapshot = snapshot
         if self._we_record and not user_changed:
-            GUARD.original()(None)
+            GUARD.original()(None, clear_history=True)  # nothing of ours for later reads
             self._we_record = False
         traces = snapshot.get("device_traces", [])
         for d, start in self._open.items():
@@ -584,17 +584,19 @@ def allocator_backend() -> str:
 
 
 def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentState, ...]:
-    return tuple(
+    segments = tuple(
         SegmentState(
             address=int(seg["address"]),
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
-            blocks=SnapshotBlocks(seg.get("blocks", ()), seg.get("allocated_size")),
+            blocks=SnapshotBlocks(seg.get("blocks", ()), seg),
             private_pool=_in_private_pool(seg),
         )
         for seg in raw
         if seg.get("device", 0) == device
     )
+    SUMMARIES.retain(device, {s.blocks.key for s in segments})  # type: ignore[attr-defined]
+    return segments
 
 
 def _in_private_pool(seg: Mapping[str, Any]) -> bool:
@@ -619,18 +621,22 @@ class SnapshotBlocks(Sequence[BlockState]):
     """A segment's blocks as a snapshot lists them, made into records only when read.
 
     The replay reads the blocks of the segments a window touches; the rest are summed and
-    categorized from :meth:`allocated_blocks`, which reads the snapshot's entries directly.
-    Pickles as a plain tuple.
+    categorized from :meth:`allocated_summary`: totals from the snapshot's own fields, and
+    the blocks themselves read only where the breakdown looks. Pickles as a plain tuple.
     """
 
-    __slots__ = ("_allocated", "_allocated_size", "_parsed", "_raw", "_summary")
+    __slots__ = ("_allocated", "_parsed", "_raw", "_segment", "_summary", "key")
 
-    def __init__(self, raw: Sequence[Mapping[str, Any]], allocated_size: int | None = None) -> None:
+    def __init__(
+        self, raw: Sequence[Mapping[str, Any]], segment: Mapping[str, Any] | None = None
+    ) -> None:
         self._raw = raw
-        self._allocated_size = allocated_size  # the snapshot's own total, where it gave one
+        self._segment = segment or {}  # the snapshot's segment entry, for its totals
         self._parsed: tuple[BlockState, ...] | None = None
         self._allocated: list[AllocatedBlock] | None = None
         self._summary: AllocatedSummary | None = None
+        seg = self._segment  # the segment's fingerprint: its address, totals and block count
+        self.key = (seg.get("device", 0), *(seg.get(k) for k in _TOTALS), len(raw))
 
     def _blocks(self) -> tuple[BlockState, ...]:
         if self._parsed is None:
@@ -647,13 +653,20 @@ class SnapshotBlocks(Sequence[BlockState]):
         return self._allocated
 
     def allocated_size(self) -> int:
-        if self._allocated_size is None:
-            return self.allocated_summary().size
-        return self._allocated_size
+        size = self._segment.get("allocated_size")
+        return self.allocated_summary().size if size is None else int(size)
 
     def allocated_summary(self) -> AllocatedSummary:
         if self._summary is None:
-            self._summary = AllocatedSummary.of(self.allocated_blocks())
+            seg = self._segment
+            size, requested = seg.get("allocated_size"), seg.get("requested_size")
+            if size is None or requested is None or seg.get("active_size") != size:
+                # no totals, or blocks awaiting their streams count in the snapshot's request
+                self._summary = AllocatedSummary.of(self.allocated_blocks())
+            else:
+                self._summary = SUMMARIES.get(self.key) or SUMMARIES.put(
+                    self.key, AllocatedSummary(int(size), int(requested), self.allocated_blocks)
+                )
         return self._summary
 
     def __len__(self) -> int:
@@ -678,6 +691,42 @@ class SnapshotBlocks(Sequence[BlockState]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (tuple, (self._blocks(),))
+
+
+_TOTALS = ("address", "total_size", "allocated_size", "active_size", "requested_size")
+
+
+class HeldSummaries:
+    """Segments' summaries (totals, index, count of each request) by their fingerprints.
+
+    A kernel's segments mostly hold what they held at the last read. A segment read again
+    with the same address, totals and block count is taken to hold the same blocks, so its
+    index and counts are not made again; the breakdown of untouched segments then costs per
+    segment that changed, not per block the kernel holds. A segment that traded blocks for
+    others of the same totals and count keeps its old index: that can move bytes between
+    the categories of its claimed storages, a workspace and unattributed, never change
+    their sum, which comes from the snapshot's totals.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Any, ...], AllocatedSummary] = {}
+
+    def get(self, key: tuple[Any, ...]) -> AllocatedSummary | None:
+        return self._kept.get(key)
+
+    def put(self, key: tuple[Any, ...], summary: AllocatedSummary) -> AllocatedSummary:
+        self._kept[key] = summary
+        return summary
+
+    def retain(self, device: Any, keys: set[tuple[Any, ...]]) -> None:
+        """Forget the segments of ``device`` that a read of its whole layout no longer has."""
+        self._kept = {k: v for k, v in self._kept.items() if k[0] != device or k in keys}
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+SUMMARIES = HeldSummaries()
 
 
 def _block(b: Mapping[str, Any]) -> BlockState:
