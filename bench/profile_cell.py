@@ -33,6 +33,11 @@ def main() -> None:
     )
     parser.add_argument("--lived-in", action="store_true", help="fill the namespace first")
     parser.add_argument(
+        "--natural-gc",
+        action="store_true",
+        help="with --timers: no collection before each run, so collections fall where they would",
+    )
+    parser.add_argument(
         "--timers",
         action="store_true",
         help="time our main parts with perf_counter instead of cProfile (no profiler overhead)",
@@ -59,7 +64,7 @@ def _profile(bench: scale.Bench, cell: scale.Cell, device: torch.device, args) -
         bench._once(body)
     plain, _, _ = bench._once(body)
     if args.timers:
-        _timed(bench, cell, body, plain)
+        _timed(bench, cell, body, plain, args)
         return
     profile = cProfile.Profile()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -120,7 +125,9 @@ _PARTS = (
 )
 
 
-def _timed(bench: scale.Bench, cell: scale.Cell, body: str, plain: float) -> None:
+def _timed(
+    bench: scale.Bench, cell: scale.Cell, body: str, plain: float, args: argparse.Namespace
+) -> None:
     """Median wall time of each part over 5 `%%gpumem` runs, alternating with plain runs."""
     import importlib
     import statistics
@@ -164,6 +171,8 @@ def _timed(bench: scale.Bench, cell: scale.Cell, body: str, plain: float) -> Non
     collect = gc.collect
 
     def explicit_collect(*a: object) -> int:  # the harness's own, before each run: not timed
+        if args.natural_gc:
+            return 0
         collecting["explicit"] = 1.0
         try:
             return collect(*a)  # type: ignore[arg-type]

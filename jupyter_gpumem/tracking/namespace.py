@@ -227,11 +227,11 @@ def walk(user_ns: Mapping[str, Any]) -> Iterator[tuple[Any, str, str | None]]:
 
 @dataclass(frozen=True)
 class _Source:
-    """One module, optimizer or variable: its tensors (cheap to list), and the same with
-    their names and categories (made only when they are to be named again)."""
+    """One module, optimizer or variable: its tensors with the facts their names depend on,
+    read cheaply, and the tensors with their names and categories, made only when named."""
 
-    key: tuple[Any, ...]  # what its names depend on besides its tensors
-    tensors: Callable[[], list[Any]]
+    key: tuple[Any, ...]  # where its names are kept
+    held: Callable[[], tuple[list[Any], Any]]  # its tensors (None where absent), and the facts
     entries: Callable[[], Iterable[tuple[Any, str, str | None]]]
 
 
@@ -241,49 +241,45 @@ def _sources(user_ns: Mapping[str, Any]) -> Iterator[_Source]:
         return
     modules, optimizers = modules_and_optimizers(user_ns)
     param_names: dict[int, str] = {}
-    structure: list[tuple[int, str, int]] = []
     for mod_name, module in modules.values():
-        params, buffers = _STRUCTURE.of(module, mod_name)
-        param_names.update((id(p), name) for name, p in params)
-        structure.append((id(module), mod_name, _STRUCTURE.edits))
-        yield _module_source(module, params, buffers)
-    context = (tuple(structure), HELD.count)
+        kept = _STRUCTURE.of(module, mod_name)
+        param_names.update(kept.param_names)
+        yield _module_source(mod_name, kept)
     for opt_name, opt in optimizers.values():
-        yield _optimizer_source(opt, opt_name, param_names, torch, context)
+        yield _optimizer_source(opt, opt_name, param_names, torch)
     for label, opt in HELD.known():
         if id(opt) not in optimizers:
             adopted = _adopt(opt, label, param_names)
-            yield _optimizer_source(opt, label, param_names, torch, context, adopted)
+            yield _optimizer_source(opt, label, param_names, torch, adopted)
     for name, value in roots(user_ns):
         yield _variable_source(name, value, torch)
 
 
 def _variable_source(name: str, value: Any, torch: Any) -> _Source:
-    def tensors() -> list[Any]:
-        return [t for _, _, t in _tensors_in(value, torch)]
+    def held() -> tuple[list[Any], Any]:
+        return [t for _, _, t in _tensors_in(value, torch)], None
 
     def entries() -> Iterator[tuple[Any, str, str | None]]:
         for path, key, t in _tensors_in(value, torch):
             yield t, name + path.format(key), None
 
-    return _Source(("variable", name, id(value)), tensors, entries)
+    return _Source(("variable", name), held, entries)
 
 
-def _module_source(
-    module: Any, params: list[tuple[str, Any]], buffers: list[tuple[str, Any]]
-) -> _Source:
-    def tensors() -> list[Any]:
-        return [*(t for _, p in params for t in (p, p.grad)), *(b for _, b in buffers)]
+def _module_source(name: str, kept: _Structure) -> _Source:
+    def held() -> tuple[list[Any], Any]:
+        params = kept.params()
+        return [*params, *(p.grad for p in params), *kept.buffers()], kept.paths
 
     def entries() -> Iterator[tuple[Any, str, str | None]]:
-        for name, p in params:
-            yield p, name, "parameters"
+        for path, p in zip(kept.paths[0], kept.params(), strict=True):
+            yield p, path, "parameters"
             if p.grad is not None:
-                yield p.grad, f"{name}.grad", "gradients"
-        for name, b in buffers:
-            yield b, name, "parameters"
+                yield p.grad, f"{path}.grad", "gradients"
+        for path, b in zip(kept.paths[1], kept.buffers(), strict=True):
+            yield b, path, "parameters"
 
-    return _Source(("module", id(module), _STRUCTURE.edits, len(params)), tensors, entries)
+    return _Source(("module", name), held, entries)
 
 
 def _adopt(opt: Any, label: str, param_names: dict[int, str]) -> list[tuple[Any, str]]:
@@ -302,19 +298,18 @@ def _optimizer_source(
     label: str,
     param_names: dict[int, str],
     torch: Any,
-    context: tuple[Any, ...],
     adopted: list[tuple[Any, str]] | None = None,
 ) -> _Source:
     """The gradients and state of ``opt``'s parameters (and the ``adopted`` parameters)."""
     params = [p for group in opt.param_groups for p in group["params"]]
 
-    def tensors() -> list[Any]:
-        state = opt.state
+    def held() -> tuple[list[Any], Any]:
+        states = [opt.state.get(p) or {} for p in params]
         return [
             *(p for p, _ in adopted or ()),
             *(p.grad for p in params),
-            *(v for p in params for v in state.get(p, {}).values()),
-        ]
+            *(v for state in states for v in state.values() if isinstance(v, torch.Tensor)),
+        ], ([param_names.get(id(p)) for p in params], [len(state) for state in states])
 
     def entries() -> Iterator[tuple[Any, str, str | None]]:
         for p, pname in adopted or ():
@@ -328,67 +323,141 @@ def _optimizer_source(
                     if isinstance(value, torch.Tensor):
                         yield value, f"{label}.state[{pname}][{key!r}]", "optimizer_state"
 
-    return _Source(("optimizer", id(opt), label, bool(adopted), context), tensors, entries)
+    return _Source(("optimizer", id(opt), label, bool(adopted)), held, entries)
+
+
+def _no_object() -> None:
+    return None
+
+
+def _refs(objects: Iterable[Any]) -> list[Any]:
+    """Weak references to ``objects`` (None stays None): kept, they hold nothing alive."""
+    return [_no_object if o is None else weakref.ref(o) for o in objects]
+
+
+def _dead(ref: Any) -> bool:
+    return ref is not _no_object and ref() is None
+
+
+def _same(objects: list[Any], refs: list[Any]) -> bool:
+    """Whether ``objects`` are, in order, the very objects ``refs`` were made of."""
+    return len(objects) == len(refs) and all(map(is_, [r() for r in refs], objects))
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """A module's parameters and buffers, with their paths from the variable that holds it,
+    and what each of its submodules held when they were listed; weakly."""
+
+    param_refs: list[Any]
+    buffer_refs: list[Any]
+    paths: tuple[list[str], list[str]]  # of the parameters, of the buffers
+    param_names: dict[int, str]  # id(parameter) -> path, while it holds
+    module_refs: list[Any]  # the module and its submodules
+    holding_refs: list[Any]  # what they held: parameters, buffers, children, in order
+    counts: list[int]  # how many of each, per submodule
+
+    def params(self) -> list[Any]:
+        return [r() for r in self.param_refs]
+
+    def buffers(self) -> list[Any]:
+        return [r() for r in self.buffer_refs]
+
+    def holds(self) -> bool:
+        """Whether every submodule still holds the parameters, buffers and children it held."""
+        modules = [r() for r in self.module_refs]
+        if any(m is None for m in modules):
+            return False
+        counts, held = _holdings(modules)
+        return counts == self.counts and _same(held, self.holding_refs)
+
+
+def _holdings(modules: list[Any]) -> tuple[list[int], list[Any]]:
+    dicts = [d for m in modules for d in (m._parameters, m._buffers, m._modules)]
+    return [len(d) for d in dicts], [v for d in dicts for v in d.values()]
 
 
 class _ModuleStructure:
-    """Each module's parameters and buffers with their paths, listed again only after some
-    module registered something (``ModuleEdits``): walking a model's submodules is most of
-    what naming its storages costs."""
+    """Each module's parameters and buffers with their paths, listed again only when one of
+    its submodules holds other parameters, buffers or children than at the last listing.
+
+    Walking a model's submodules by name is most of what naming its storages costs;
+    checking what each submodule holds, by identity, costs a third of that. Assignments
+    that bypass registration (FSDP2, fake-tensor swaps) are seen as well.
+    """
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[Any, str, int, Any]] = {}
-        self.edits = -1  # EDITS.count the kept lists were made at; -1: not kept (no hooks)
+        self._kept: dict[int, tuple[Any, str, _Structure]] = {}
 
-    def of(self, module: Any, name: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-        edits = EDITS.count if EDITS.install() else -1
-        if edits != self.edits or edits < 0:
-            self._kept.clear()
-            self.edits = edits
+    def of(self, module: Any, name: str) -> _Structure:
         kept = self._kept.get(id(module))
-        if kept is not None and kept[0]() is module and kept[1] == name:
-            return kept[3]  # type: ignore[no-any-return]
-        lists = (
-            [(f"{name}.{pname}", p) for pname, p in module.named_parameters()],
-            [(f"{name}.{bname}", b) for bname, b in module.named_buffers()],
+        if kept is not None and kept[0]() is module and kept[1] == name and kept[2].holds():
+            return kept[2]
+        params = list(module.named_parameters())
+        buffers = list(module.named_buffers())
+        modules = list(module.modules())
+        counts, held = _holdings(modules)
+        param_paths = [f"{name}.{pname}" for pname, _ in params]
+        made = _Structure(
+            param_refs=_refs(p for _, p in params),
+            buffer_refs=_refs(b for _, b in buffers),
+            paths=(param_paths, [f"{name}.{bname}" for bname, _ in buffers]),
+            param_names={id(p): path for (_, p), path in zip(params, param_paths, strict=True)},
+            module_refs=_refs(modules),
+            holding_refs=_refs(held),
+            counts=counts,
         )
-        self._kept[id(module)] = (weakref.ref(module), name, edits, lists)
-        return lists
+        if len(self._kept) > _PRUNE_AT:
+            self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
+        self._kept[id(module)] = (weakref.ref(module), name, made)
+        return made
 
 
 _STRUCTURE = _ModuleStructure()
 
 
-class _SourceNames:
-    """Each source's named storages as last made, reused while it lists the same tensors
-    with the same data and shapes.
+@dataclass(frozen=True)
+class _Kept:
+    refs: list[Any]  # weak references to the source's tensors
+    pointers: list[int] | None
+    facts: Any
+    named: list[NamedStorage]
 
-    A kernel holding several models with their optimizers lists thousands of tensors per
-    read; comparing their identities, data pointers and shapes in bulk costs a fraction of
-    naming each. Only ids are kept, never the tensors.
+
+class _SourceNames:
+    """Each source's named storages as last made, reused while it holds the very same
+    tensors on the same storages, and the facts its names depend on are the same.
+
+    A kernel holding several models with their optimizers holds thousands of tensors;
+    checking their identities (by weak reference: an id can be reused) and data pointers in
+    bulk costs a fraction of naming each. A shape changed in place on the same storage
+    (``resize_`` to fewer elements) keeps its old shape in the name.
     """
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[Any, ...], tuple[list[Any] | None, list[NamedStorage]]] = {}
-        self._used: set[tuple[Any, ...]] = set()
+        self._kept: dict[tuple[Any, ...], _Kept] = {}
         self._merged: tuple[list[list[NamedStorage]], dict[int, NamedStorage]] | None = None
 
     def named(self, source: _Source) -> list[NamedStorage]:
+        tensors, facts = source.held()
+        pointers: list[int] | None
         try:
-            signature: list[Any] | None = [
-                (id(t), t.data_ptr(), t.shape) if t is not None else None for t in source.tensors()
-            ]
+            pointers = [0 if t is None else t.data_ptr() for t in tensors]
         except (RuntimeError, NotImplementedError):  # a tensor without storage: name each
-            signature = None
+            pointers = None
         kept = self._kept.get(source.key)
-        self._used.add(source.key)
-        if kept is not None and signature is not None and kept[0] == signature:
-            return kept[1]
+        if (
+            kept is not None
+            and pointers is not None
+            and kept.pointers == pointers
+            and kept.facts == facts
+            and _same(tensors, kept.refs)
+        ):
+            return kept.named
         named = [n for t, name, cat in source.entries() if (n := _NAMES.get(t, name, cat))]
         if len(self._kept) > _PRUNE_AT:
-            self._kept = {k: v for k, v in self._kept.items() if k in self._used}
-            self._used = set()
-        self._kept[source.key] = (signature, named)
+            self._kept = {k: v for k, v in self._kept.items() if not any(map(_dead, v.refs))}
+        self._kept[source.key] = _Kept(_refs(tensors), pointers, facts, named)
         return named
 
     def merged(self, parts: list[list[NamedStorage]]) -> dict[int, NamedStorage]:

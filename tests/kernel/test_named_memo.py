@@ -66,12 +66,15 @@ def test_without_allocator_counters_every_call_reads(reads: list[int]) -> None:
 
 def _fresh_names(ns: dict[str, Any]) -> dict[int, Any]:
     """The names made from nothing kept: every source named again."""
-    kept = namespace._SOURCES
-    namespace._SOURCES = namespace._SourceNames()
+    kept = namespace._SOURCES, namespace._STRUCTURE
+    namespace._SOURCES, namespace._STRUCTURE = (
+        namespace._SourceNames(),
+        namespace._ModuleStructure(),
+    )
     try:
         return namespace.named_storages(ns)
     finally:
-        namespace._SOURCES = kept
+        namespace._SOURCES, namespace._STRUCTURE = kept
 
 
 def test_kept_names_follow_every_change_a_source_can_make() -> None:
@@ -97,7 +100,7 @@ def test_kept_names_follow_every_change_a_source_can_make() -> None:
     check()
     model[1].running_mean = torch.ones(4)  # a buffer rebound
     check()
-    model[0].bias.data.resize_(2)  # same storage, another shape
+    model[0]._parameters["bias"] = torch.nn.Parameter(torch.ones(4))  # no registration
     check()
     ns["feats"].append(torch.zeros(5))  # a container grew
     check()
