@@ -164,9 +164,12 @@ def allocated_by_communication(frames: Sequence[Mapping[str, Any]]) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class Tag:
-    """``address`` held a storage of ``category`` at ``time_us`` (unix microseconds)."""
+class Tag(NamedTuple):
+    """``address`` held a storage of ``category`` at ``time_us`` (unix microseconds).
+
+    A named tuple: a cell makes one per storage its hooks see and per named storage at its
+    start, thousands in a kernel holding several models, while the user waits.
+    """
 
     address: int
     category: str  # parameters, gradients, optimizer_state, activations, inputs

@@ -22,6 +22,7 @@ from jupyter_gpumem.analysis.library_memory import (
 )
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
+    AllocatedBlock,
     BlockState,
     NamedStorage,
     PhaseMark,
@@ -163,9 +164,15 @@ def _categorize_held(
     claimed_requests: dict[
         int, int
     ] = {}  # outside pools: how many claimed blocks asked for each size
+    indexes: list[Mapping[int, AllocatedBlock] | None] = [None] * len(summaries)  # as read
     for address, category in standing.items():
         i = bisect.bisect_right(starts, address) - 1
-        block = summaries[i].blocks.get(address) if i >= 0 else None
+        if i < 0:
+            continue
+        index = indexes[i]
+        if index is None:
+            index = indexes[i] = summaries[i].blocks
+        block = index.get(address)
         if block is None:
             continue
         request = block.request
@@ -208,8 +215,9 @@ def _standing(
     (the most specific wins), else the namespace's name says what it is: what `_category`
     finds for such a block, without the per-address lives. Addresses absent: unattributed.
     """
+    rank = _PRIORITY.__getitem__
     out = {
-        address: min((t.category for t in near), key=_PRIORITY.__getitem__)
+        address: near[0].category if len(near) == 1 else min((t.category for t in near), key=rank)
         for address, near in by_address.items()
     }
     for address, hit in named.items():
