@@ -122,13 +122,14 @@ _PARTS = (
     ("jupyter_gpumem.tracking.cuda", "CudaSession", "begin_window"),
     ("jupyter_gpumem.tracking.recorder", "Recorder", "_boundary"),
     ("jupyter_gpumem.tracking.cuda", None, "workspaces"),
+    ("torch.cuda.memory", None, "_snapshot"),
 )
 
 
 def _timed(
     bench: scale.Bench, cell: scale.Cell, body: str, plain: float, args: argparse.Namespace
 ) -> None:
-    """Median wall time of each part over 5 `%%gpumem` runs, alternating with plain runs."""
+    """Median wall time of each part over 9 `%%gpumem` runs, alternating with plain runs."""
     import importlib
     import statistics
 
@@ -152,18 +153,6 @@ def _timed(
 
         setattr(cls, attr, timed)
         originals.append((cls, attr, original))
-    for name in ("_snapshot",):
-        original = getattr(torch.cuda.memory, name)
-
-        def timed_snap(*a, _f=original, **k):
-            t0 = time.perf_counter()
-            try:
-                return _f(*a, **k)
-            finally:
-                spent.setdefault("torch._snapshot", []).append(time.perf_counter() - t0)
-
-        torch.cuda.memory._snapshot = timed_snap
-        originals.append((torch.cuda.memory, name, original))
     import gc
 
     collecting: dict[str, float] = {}

@@ -45,19 +45,14 @@ class AllocatedSummary:
     """A segment's allocated blocks, totalled; their index by address and the count of each
     request are made when first read (the breakdown looks into few of a kernel's segments)."""
 
-    __slots__ = ("_blocks", "_count_requests", "_index", "_requests", "requested", "size")
+    __slots__ = ("_blocks", "_index", "_requests", "requested", "size")
 
     def __init__(
-        self,
-        size: int,
-        requested: int,
-        blocks: Callable[[], Sequence[AllocatedBlock]],
-        count_requests: Callable[[], Mapping[int, int]] | None = None,
+        self, size: int, requested: int, blocks: Callable[[], Sequence[AllocatedBlock]]
     ) -> None:
         self.size = size  # bytes of its allocated blocks
         self.requested = requested  # what their tensors asked for, at most ``size``
-        self._blocks = blocks
-        self._count_requests = count_requests
+        self._blocks = blocks  # made when first read
         self._index: dict[int, AllocatedBlock] | None = None
         self._requests: Mapping[int, int] | None = None
 
@@ -76,8 +71,7 @@ class AllocatedSummary:
     def requests(self) -> Mapping[int, int]:
         """How many blocks asked for each size."""
         if self._requests is None:
-            made = self._count_requests
-            self._requests = made() if made else Counter(b.request for b in self._blocks())
+            self._requests = Counter(b.request for b in self._blocks())
         return self._requests
 
 

@@ -22,7 +22,6 @@ from jupyter_gpumem.analysis.library_memory import (
 )
 from jupyter_gpumem.analysis.replay import Live, round_size
 from jupyter_gpumem.records import (
-    AllocatedBlock,
     BlockState,
     NamedStorage,
     PhaseMark,
@@ -164,15 +163,9 @@ def _categorize_held(
     claimed_requests: dict[
         int, int
     ] = {}  # outside pools: how many claimed blocks asked for each size
-    indexes: list[Mapping[int, AllocatedBlock] | None] = [None] * len(summaries)  # as read
     for address, category in standing.items():
         i = bisect.bisect_right(starts, address) - 1
-        if i < 0:
-            continue
-        index = indexes[i]
-        if index is None:
-            index = indexes[i] = summaries[i].blocks
-        block = index.get(address)
+        block = summaries[i].blocks.get(address) if i >= 0 else None
         if block is None:
             continue
         request = block.request

@@ -584,19 +584,19 @@ def allocator_backend() -> str:
 
 
 def _segments(raw: Sequence[Mapping[str, Any]], device: int) -> tuple[SegmentState, ...]:
-    segments = tuple(
+    mine = [(seg, SnapshotBlocks(seg.get("blocks", ()), seg)) for seg in raw]
+    mine = [(seg, blocks) for seg, blocks in mine if seg.get("device", 0) == device]
+    SUMMARIES.retain(device, {blocks.key for _, blocks in mine})
+    return tuple(
         SegmentState(
             address=int(seg["address"]),
             total_size=int(seg["total_size"]),
             is_small=seg.get("segment_type") == "small",
-            blocks=SnapshotBlocks(seg.get("blocks", ()), seg),
+            blocks=blocks,
             private_pool=_in_private_pool(seg),
         )
-        for seg in raw
-        if seg.get("device", 0) == device
+        for seg, blocks in mine
     )
-    SUMMARIES.retain(device, {s.blocks.key for s in segments})  # type: ignore[attr-defined]
-    return segments
 
 
 def _in_private_pool(seg: Mapping[str, Any]) -> bool:

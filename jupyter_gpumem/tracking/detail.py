@@ -4,10 +4,10 @@ A training loop repeats itself: what users read in a report (breakdown at the pe
 its phase, the tensors involved) is decided in its first steps. So a cell is
 recorded in full detail (allocator trace with Python stacks, tag hooks, the CPU
 dispatch source) for its first ``steps`` training steps only; after that a single
-optimizer hook reads the allocator's peak counters at step boundaries, twenty times a
-second at most (a reading costs about 0.1 ms). When those counters show a peak above every step seen so
-far, detail is switched on again for the next steps, so a peak that comes late
-(a longer sequence at step 500) still gets its breakdown. The exact peak itself
+optimizer hook reads the allocator's peak counters at step boundaries, twenty times
+a second at most (a reading costs about 0.1 ms). When those counters show a peak
+above every step seen so far, detail is switched on again for the next steps, so a
+peak that comes late (a longer sequence at step 500) still gets its breakdown. The exact peak itself
 never depends on the schedule: it comes from independent peak counters.
 
 A step ends when an optimizer finishes ``step()``. A cell that never steps an

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from jupyter_gpumem.tracking import namespace
+from jupyter_gpumem.tracking import kept_names, namespace
 from jupyter_gpumem.tracking.held_state import HELD
 
 
@@ -66,15 +66,15 @@ def test_without_allocator_counters_every_call_reads(reads: list[int]) -> None:
 
 def _fresh_names(ns: dict[str, Any]) -> dict[int, Any]:
     """The names made from nothing kept: every source named again."""
-    kept = namespace._SOURCES, namespace._STRUCTURE
-    namespace._SOURCES, namespace._STRUCTURE = (
-        namespace._SourceNames(),
-        namespace._ModuleStructure(),
+    kept = kept_names.SOURCES, kept_names.STRUCTURE
+    kept_names.SOURCES, kept_names.STRUCTURE = (
+        kept_names.SourceNames(),
+        kept_names.ModuleStructure(),
     )
     try:
         return namespace.named_storages(ns)
     finally:
-        namespace._SOURCES, namespace._STRUCTURE = kept
+        kept_names.SOURCES, kept_names.STRUCTURE = kept
 
 
 def test_kept_names_follow_every_change_a_source_can_make() -> None:
@@ -116,13 +116,13 @@ def test_a_source_unchanged_is_not_named_again(monkeypatch: pytest.MonkeyPatch) 
     ns: dict[str, Any] = {"model": model, "x": torch.ones(3)}
     namespace.named_storages(ns)
     made: list[str] = []
-    original = namespace._NAMES.get
+    original = kept_names.NAMES.get
 
     def counted(t: Any, name: str, category: str | None) -> Any:
         made.append(name)
         return original(t, name, category)
 
-    monkeypatch.setattr(namespace._NAMES, "get", counted)
+    monkeypatch.setattr(kept_names.NAMES, "get", counted)
     first = namespace.named_storages(ns)
     assert made == [] and namespace.named_storages(ns) is first
     model.weight.grad = torch.zeros(4, 4)
