@@ -123,23 +123,31 @@ def module_tree(tally: ModuleTally, breakdown: Mapping[str, int]) -> ModuleBytes
             children.setdefault(parents[label], []).append(label)
 
     seen: set[str] = set()
-
-    def build(label: str) -> ModuleBytes | None:
-        seen.add(label)
-        kids = [k for k in (build(c) for c in children.get(label, ()) if c not in seen) if k]
-        total = dict(own.get(label, {}))
-        for kid in kids:
-            for category, n in kid.bytes.items():
-                total[category] = total.get(category, 0) + n
-        total = {c: n for c, n in total.items() if n}
-        if not total:
-            return None
-        return ModuleBytes(label, total, tuple(kids))
-
-    kids = [k for k in (build(c) for c in children.get(ROOT, ()) if c not in seen) if k]
+    kids = [_subtree(c, children, own, seen) for c in children.get(ROOT, ()) if c not in seen]
     # a label whose parents loop never hangs from the root's walk: it joins the root
-    kids += [k for k in (build(c) for c in own if c not in seen and c != ROOT) if k]
-    return ModuleBytes(ROOT, {c: n for c, n in breakdown.items() if n}, tuple(kids))
+    kids += [_subtree(c, children, own, seen) for c in own if c not in seen and c != ROOT]
+    root = {c: n for c, n in breakdown.items() if n}
+    return ModuleBytes(ROOT, root, tuple(k for k in kids if k is not None))
+
+
+def _subtree(
+    label: str,
+    children: Mapping[str, list[str]],
+    own: Mapping[str, dict[str, int]],
+    seen: set[str],
+) -> ModuleBytes | None:
+    """``label``'s entry: its own bytes and its children's; None where it holds none."""
+    seen.add(label)
+    subtrees = (_subtree(c, children, own, seen) for c in children.get(label, ()) if c not in seen)
+    kids = [k for k in subtrees if k is not None]
+    total = dict(own.get(label, {}))
+    for kid in kids:
+        for category, n in kid.bytes.items():
+            total[category] = total.get(category, 0) + n
+    total = {c: n for c, n in total.items() if n}
+    if not total:
+        return None
+    return ModuleBytes(label, total, tuple(kids))
 
 
 def _labels(calls: Sequence[ModuleCall]) -> list[str]:

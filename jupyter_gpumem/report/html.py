@@ -92,20 +92,21 @@ def _code_html(text: str) -> str:
 
 def _modules_html(tree: ModuleBytes) -> str:
     """The peak by module as nested ``<details>``: the model open, its modules folded."""
+    return f'<div class="jp-gpumem-modules" style="margin:.4em 0">At the peak, by module:{_module_html(tree, 0)}</div>'
+
+
+def _module_html(m: ModuleBytes, depth: int) -> str:
+    """One module of the tree with its children, ``depth`` levels below the model."""
     esc = html.escape
-
-    def node(m: ModuleBytes, depth: int) -> str:
-        parts = sorted(m.bytes.items(), key=lambda kv: -kv[1])
-        kinds = ", ".join(f"{c.replace('_', ' ')} {format_bytes(n)}" for c, n in parts[:3])
-        label = esc(m.path.rsplit(".", 1)[-1] if m.path else "model")
-        head = f"<code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small>"
-        if not m.children:
-            return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{head}</div>'
-        opened = " open" if depth == 0 else ""
-        inner = "".join(node(c, depth + 1) for c in m.children)
-        return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}"><summary>{head}</summary>{inner}</details>'
-
-    return f'<div class="jp-gpumem-modules" style="margin:.4em 0">At the peak, by module:{node(tree, 0)}</div>'
+    parts = sorted(m.bytes.items(), key=lambda kv: -kv[1])
+    kinds = ", ".join(f"{c.replace('_', ' ')} {format_bytes(n)}" for c, n in parts[:3])
+    label = esc(m.path.rsplit(".", 1)[-1] if m.path else "model")
+    head = f"<code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small>"
+    if not m.children:
+        return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{head}</div>'
+    opened = " open" if depth == 0 else ""
+    inner = "".join(_module_html(c, depth + 1) for c in m.children)
+    return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}"><summary>{head}</summary>{inner}</details>'
 
 
 def _alive_html(d: DeviceReport, style: str) -> str:

@@ -79,11 +79,12 @@ class DetailSchedule:
 class RootWatch:
     """Between detailed windows, the only module hooks left: one on each root module."""
 
-    def __init__(self, on_forward: Callable[[Any, Any], None]) -> None:
-        self.on_forward = on_forward
+    def __init__(self) -> None:
+        self.on_forward: Callable[[Any, Any], None] | None = None
         self._handles: list[Any] = []
 
-    def start(self, roots: Iterable[Any]) -> None:
+    def start(self, roots: Iterable[Any], on_forward: Callable[[Any, Any], None]) -> None:
+        self.on_forward = on_forward
         for module in roots:
             self._handles.append(module.register_forward_pre_hook(self._forward))
 
@@ -91,6 +92,8 @@ class RootWatch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.on_forward = None  # holds the recorder: let it go with its cell
 
     def _forward(self, module: Any, args: Any) -> None:
-        self.on_forward(module, args)
+        if self.on_forward is not None:
+            self.on_forward(module, args)

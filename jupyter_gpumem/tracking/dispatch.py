@@ -62,7 +62,7 @@ import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -118,8 +118,11 @@ class DispatchRecorder:
         self._internal: dict[str, bool] = {}  # filename -> skipped in frames
         self._roles: dict[str, str] = {}  # filename -> records.frame_role, or ours: pass-through
         self._tensor_type: type = object
-        self._on_free_cb = self._on_free  # one bound method shared by every weakref
-        self._on_resize_cb = self._on_resize  # the same object to listen and unlisten
+        # One bound method shared by every weakref, and the same object to listen and
+        # unlisten; made at start and dropped at stop, so that a stopped recorder holds no
+        # cycle through them.
+        self._on_free_cb: Callable[[weakref.ref[Any]], None] | None = None
+        self._on_resize_cb: storage_resizes.Listener | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -158,6 +161,8 @@ class DispatchRecorder:
         with self._lock:
             self._live.clear()
             self._raw.clear()
+        self._on_free_cb = self._on_free
+        self._on_resize_cb = self._on_resize
         self._tensor_type = torch.Tensor
         known = []
         for t in (plain for held in existing for plain in plain_tensors(held)):
@@ -181,7 +186,7 @@ class DispatchRecorder:
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
         self._following = True
-        storage_resizes.listen(torch, self._on_resize_cb)
+        storage_resizes.listen(torch, self._on_resize)
         return tuple(known)
 
     def pause(self) -> None:
@@ -206,7 +211,9 @@ class DispatchRecorder:
             self._mode = None
             self._following = False
             self._live.clear()  # drops the weakrefs: later frees are not reported
-        storage_resizes.unlisten(sys.modules["torch"], self._on_resize_cb)
+        if self._on_resize_cb is not None:
+            storage_resizes.unlisten(sys.modules["torch"], self._on_resize_cb)
+        self._on_free_cb = self._on_resize_cb = None
         if mode is not None:
             _exit_mode(mode)
         return self.events

@@ -16,7 +16,7 @@ from typing import Any
 
 from jupyter_gpumem.records import NamedStorage
 
-PRUNE_AT = 10_000
+PRUNE_AT = 64  # kept modules or sources before the first pruning of the dead
 
 
 def named(t: Any, name: str, category: str | None) -> NamedStorage | None:
@@ -46,12 +46,15 @@ class NameCache:
 
     A kernel holding several models names thousands of parameters and optimizer states on
     every cell; reading each one's storage again is most of that cost. Keyed by ``id`` with
-    a weak reference to check it (a tensor's ``==`` is elementwise, so tensors cannot be keys).
+    a weak reference to check it (a tensor's ``==`` is elementwise, so tensors cannot be keys);
+    a tensor's entry goes when the tensor does.
     """
 
     def __init__(self) -> None:
-        self._made: dict[int, tuple[weakref.ref[Any], int, NamedStorage | None]] = {}
-        self._live = 0  # entries left by the last pruning
+        self._made: dict[int, tuple[weakref.KeyedRef, int, NamedStorage | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._made)
 
     def get(self, t: Any, name: str, category: str | None) -> NamedStorage | None:
         kept = self._made.get(id(t))
@@ -59,7 +62,7 @@ class NameCache:
             ptr = t.data_ptr()
         except (RuntimeError, NotImplementedError):
             ptr = 0
-        unchanged = kept is not None and kept[0]() is t and kept[1] == ptr
+        unchanged = kept is not None and kept[0]() is t and kept[1] == ptr  # not narrowing t
         if unchanged:
             assert kept is not None
             record = kept[2]
@@ -69,11 +72,13 @@ class NameCache:
             if same and record.shape == tuple(t.shape):
                 return record
         made = named(t, name, category)
-        if len(self._made) > max(PRUNE_AT, 2 * self._live):  # drop the dead, amortised
-            self._made = {k: v for k, v in self._made.items() if v[0]() is not None}
-            self._live = len(self._made)
-        self._made[id(t)] = (weakref.ref(t), ptr, made)
+        self._made[id(t)] = (weakref.KeyedRef(t, self._forget, id(t)), ptr, made)
         return made
+
+    def _forget(self, ref: weakref.KeyedRef) -> None:
+        kept = self._made.get(ref.key)
+        if kept is not None and kept[0] is ref:
+            del self._made[ref.key]
 
 
 NAMES = NameCache()
@@ -87,6 +92,7 @@ class Source:
     key: tuple[Any, ...]  # where its names are kept
     held: Callable[[], tuple[list[Any], Any]]  # its tensors (None where absent), and the facts
     entries: Callable[[], Iterable[tuple[Any, str, str | None]]]
+    owner: Any = None  # the optimizer whose id is in ``key``: its entry goes with it
 
 
 def _no_object() -> None:
@@ -151,6 +157,7 @@ class ModuleStructure:
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Any, str, Structure]] = {}
+        self._live = 0  # entries left by the last pruning
 
     def of(self, module: Any, name: str) -> Structure:
         kept = self._kept.get(id(module))
@@ -170,8 +177,9 @@ class ModuleStructure:
             holding_refs=_refs(held),
             counts=counts,
         )
-        if len(self._kept) > PRUNE_AT:
+        if len(self._kept) > max(PRUNE_AT, 2 * self._live):  # drop the dead, amortised
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
+            self._live = len(self._kept)
         self._kept[id(module)] = (weakref.ref(module), name, made)
         return made
 
@@ -181,7 +189,7 @@ STRUCTURE = ModuleStructure()
 
 @dataclass(frozen=True)
 class _Kept:
-    refs: list[Any]  # weak references to the source's tensors
+    refs: list[Any]  # weak references to the source's owner and tensors
     pointers: list[int] | None
     facts: Any
     named: list[NamedStorage]
@@ -199,7 +207,11 @@ class SourceNames:
 
     def __init__(self) -> None:
         self._kept: dict[tuple[Any, ...], _Kept] = {}
+        self._live = 0  # entries left by the last pruning
         self._merged: tuple[list[list[NamedStorage]], dict[int, NamedStorage]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
     def named(self, source: Source) -> list[NamedStorage]:
         tensors, facts = source.held()
@@ -214,13 +226,14 @@ class SourceNames:
             and pointers is not None
             and kept.pointers == pointers
             and kept.facts == facts
-            and _same(tensors, kept.refs)
+            and _same([source.owner, *tensors], kept.refs)
         ):
             return kept.named
         named = [n for t, name, cat in source.entries() if (n := NAMES.get(t, name, cat))]
-        if len(self._kept) > PRUNE_AT:
+        if len(self._kept) > max(PRUNE_AT, 2 * self._live):  # drop the stale, amortised
             self._kept = {k: v for k, v in self._kept.items() if not any(map(_dead, v.refs))}
-        self._kept[source.key] = _Kept(_refs(tensors), pointers, facts, named)
+            self._live = len(self._kept)
+        self._kept[source.key] = _Kept(_refs([source.owner, *tensors]), pointers, facts, named)
         return named
 
     def merged(self, parts: list[list[NamedStorage]]) -> dict[int, NamedStorage]:

@@ -253,7 +253,7 @@ def _optimizer_source(
                     if isinstance(value, torch.Tensor):
                         yield value, f"{label}.state[{pname}][{key!r}]", "optimizer_state"
 
-    return Source(("optimizer", id(opt), label, bool(adopted)), held, entries)
+    return Source(("optimizer", id(opt), label, bool(adopted)), held, entries, owner=opt)
 
 
 def _tensors_in(value: Any, torch: Any) -> Iterator[tuple[str, Any, Any]]:

@@ -72,7 +72,7 @@ class Recorder:
         self._schedule: DetailSchedule | None = None
         self._detailed = False
         self._hooks: list[Any] = []
-        self._watch = RootWatch(lambda module, args: self._boundary("forward", module, args))
+        self._watch = RootWatch()
 
     def start(self) -> None:
         torch = sys.modules.get("torch")
@@ -215,6 +215,9 @@ class Recorder:
             if self._guarded("light mode", lambda: self._sample(module, args)) is _FAILED:
                 self._schedule = None
 
+    def _root_forward(self, module: Any, args: Any) -> None:
+        self._boundary("forward", module, args)
+
     def _go_light(self) -> None:
         assert self._schedule is not None
         step = self._schedule.position
@@ -222,7 +225,7 @@ class Recorder:
         if self._tagger is not None:
             self._tagger.pause()
             if not self._schedule.optimizer_steps:
-                self._watch.start(self._tagger.roots.values())
+                self._watch.start(self._tagger.roots.values(), self._root_forward)
         if self._session is not None:
             self._session.end_window(step)
         if self._cpu is not None:

@@ -141,6 +141,7 @@ class Tagger:
     def stop(self) -> tuple[tuple[Tag, ...], tuple[PhaseMark, ...]]:
         self._remove()
         self.on_boundary = None
+        self._enter_compiled = self._exit_compiled = None  # they hold this tagger
         self.roots.clear()
         return tuple(self.tags), tuple(self.marks)
 

@@ -8,6 +8,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from test_magic_gpu import _dump
 
+from tests.support.cycles import cyclic_garbage
+
 SETUP = """
 import torch, torch.nn as nn
 torch.manual_seed(0)
@@ -134,3 +136,15 @@ def test_gpt2_cells_keep_the_exact_peak(shell: InteractiveShell, steps: int) -> 
     assert r.breakdown["parameters"] == 4 * n + buffers
     assert r.breakdown["optimizer_state"] == 8 * n  # AdamW's step counters live on the CPU
     _dump(r, f"gpt2 {steps} steps")
+
+
+@pytest.mark.parametrize("cell", ["mlp 200 steps", "peak at step 150 of 200"])
+@pytest.mark.parametrize("flags", ["--quiet", "-o r"])
+def test_a_cell_leaves_no_garbage_in_cycles(
+    long_shell: InteractiveShell, cell: str, flags: str
+) -> None:
+    """What a cell's recording held (traces, layouts, hooks) goes with it, not at a collection."""
+    for _ in range(2):  # first cells fill caches and install counters
+        assert long_shell.run_cell(f"%%gpumem {flags}\n{CELLS[cell]}").success
+    plain = cyclic_garbage(long_shell, CELLS[cell])
+    assert cyclic_garbage(long_shell, f"%%gpumem {flags}\n{CELLS[cell]}") == plain

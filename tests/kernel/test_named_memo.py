@@ -128,3 +128,16 @@ def test_a_source_unchanged_is_not_named_again(monkeypatch: pytest.MonkeyPatch) 
     model.weight.grad = torch.zeros(4, 4)
     namespace.named_storages(ns)
     assert sorted(made) == ["model.bias", "model.weight", "model.weight.grad"]
+
+
+def test_what_is_kept_goes_with_its_tensors_and_sources() -> None:
+    before = len(kept_names.NAMES)
+    ns: dict[str, Any] = {f"t{i}": torch.ones(2) for i in range(200)}
+    named = namespace.named_storages(ns)
+    assert len(named) == 200 and len(kept_names.NAMES) == before + 200
+    ns.clear()
+    assert len(kept_names.NAMES) == before  # each entry left with its tensor
+    for _ in range(10 * kept_names.PRUNE_AT):  # a new optimizer per cell, the old one dropped
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        namespace.named_storages({"opt": opt})
+    assert len(kept_names.SOURCES) <= 2 * kept_names.PRUNE_AT + 1
