@@ -21,6 +21,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from jupyter_gpumem import cell_run, frontend
 from jupyter_gpumem import report_log as history
 from jupyter_gpumem.cell_options import CELL_HELP, CELL_USAGE, Options, parse_options, split_words
+from jupyter_gpumem.collector import pausing
 from jupyter_gpumem.report import text
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.session import Measurement
@@ -111,6 +112,7 @@ class GpuMemMagics(Magics):
             self._finish(measurement, opts, error)
         cell_run.fail(shell, running, outcome)
 
+    @pausing  # the analysis and its display: see jupyter_gpumem.collector
     def _finish(self, measurement: Measurement, opts: Options, error: BaseException | None) -> None:
         report = measurement.finish(error)
         if report is None:

@@ -34,6 +34,7 @@ from jupyter_gpumem import report_log
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
 from jupyter_gpumem.analysis.peaks import replay_window
 from jupyter_gpumem.analysis.replay import layout_after
+from jupyter_gpumem.collector import pausing
 from jupyter_gpumem.rank_reports import (
     RankCollection,
     current_rank,
@@ -110,6 +111,7 @@ class Measurement:
         self._token: int | None = None
         self._hint_notes: tuple[str, ...] = ()  # what the leak check could not look at
 
+    @pausing
     def start(self) -> None:
         if self._ranks is not None and not self._ranks.start():
             self._ranks = None  # an outer block collects the workers' reports
@@ -120,6 +122,7 @@ class Measurement:
         """In a forked worker: stop this copy of the kernel's recording, keeping nothing."""
         self._recorder.stop(None)
 
+    @pausing
     def finish(self, error: BaseException | None, *, analyse: bool = True) -> Report | None:
         """Stop recording; the report (kept in the log), or None if not analysed or ours failed."""
         try:

@@ -87,7 +87,7 @@ class _StorageRef(weakref.ref):  # type: ignore[type-arg]
 # Raw records kept while recording; expanded into TraceEvents when read.
 # (action, address, size, time_us, frames) with action "alloc" or "free".
 _Frame = tuple[str, int, str]  # filename, line, name
-_Raw = tuple[str, int, int, int, tuple[_Frame, ...]]
+_Raw = tuple[str, int, int, int]  # action, address, size, time_us
 
 
 class DispatchRecorder:
@@ -111,7 +111,10 @@ class DispatchRecorder:
         self.max_frames = max_frames
         self._lock = threading.RLock()  # frees arrive from any thread, and re-enter via GC
         self._live: dict[int, _StorageRef] = {}  # keyed by the StorageImpl address (_cdata)
+        # An event's numbers and its frames apart: the collector untracks a tuple of numbers
+        # at once, so the events of a long cell never reach an older generation.
         self._raw: list[_Raw] = []
+        self._raw_frames: list[tuple[_Frame, ...]] = []
         self._mode: Any = None
         self._following = False  # frees are recorded from start() to stop(), paused or not
         self._thread: int | None = None
@@ -133,10 +136,10 @@ class DispatchRecorder:
     def events(self) -> tuple[TraceEvent, ...]:
         """The events so far, in the CUDA trace's form: a free is two events."""
         with self._lock:
-            raw = list(self._raw)
+            raw = list(zip(self._raw, self._raw_frames, strict=True))
         events: list[TraceEvent] = []
         as_dicts: dict[tuple[_Frame, ...], tuple[dict[str, Any], ...]] = {}
-        for action, address, size, time_us, raw_frames in raw:
+        for (action, address, size, time_us), raw_frames in raw:
             frames = as_dicts.get(raw_frames)
             if frames is None:
                 frames = as_dicts[raw_frames] = tuple(
@@ -161,6 +164,7 @@ class DispatchRecorder:
         with self._lock:
             self._live.clear()
             self._raw.clear()
+            self._raw_frames.clear()
         self._on_free_cb = self._on_free
         self._on_resize_cb = self._on_resize
         self._tensor_type = torch.Tensor
@@ -277,7 +281,14 @@ class DispatchRecorder:
                 return
             self._live[key] = ref
             if size:
-                self._raw.append(("alloc", address, size, _now(), self._frames()))
+                self._append("alloc", address, size, _now(), self._frames())
+
+    def _append(
+        self, action: str, address: int, size: int, time_us: int, frames: tuple[_Frame, ...]
+    ) -> None:
+        """One event; the caller holds the lock."""
+        self._raw.append((action, address, size, time_us))
+        self._raw_frames.append(frames)
 
     def _check_resized(self, ref: _StorageRef, st: Any) -> None:
         """An in-place or ``out=`` op may have reallocated a storage we know."""
@@ -288,9 +299,9 @@ class DispatchRecorder:
         with self._lock:
             now = _now()
             if ref.size:
-                self._raw.append(("free", ref.address, ref.size, now, ()))
+                self._append("free", ref.address, ref.size, now, ())
             if size:
-                self._raw.append(("alloc", address, size, now, self._frames()))
+                self._append("alloc", address, size, now, self._frames())
             ref.address, ref.size = address, size
 
     def _on_resize(self, st: Any, before: int) -> None:
@@ -312,7 +323,7 @@ class DispatchRecorder:
                 return
             del self._live[ref.key]
             if ref.size:  # no frames on frees, as in the CUDA trace with context="alloc"
-                self._raw.append(("free", ref.address, ref.size, _now(), ()))
+                self._append("free", ref.address, ref.size, _now(), ())
 
     def _frames(self) -> tuple[_Frame, ...]:
         """The innermost user frames: notebook cells and the user's own files.

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpumem.collector import pausing
 from jupyter_gpumem.records import (
     CellRecording,
     DeviceRecording,
@@ -130,8 +131,7 @@ class Recorder:
             stopped = self._guarded("tags", self._tagger.stop)
             if stopped is not _FAILED:
                 tags, marks = stopped
-                calls = tuple(self._tagger.scopes.calls)
-                scope_marks = tuple(self._tagger.scopes.marks)
+                calls, scope_marks = self._tagger.scopes.records()
         cpu_events = None
         if self._cpu is not None:
             events = self._guarded("CPU tensor source", self._cpu.stop)
@@ -218,6 +218,7 @@ class Recorder:
     def _root_forward(self, module: Any, args: Any) -> None:
         self._boundary("forward", module, args)
 
+    @pausing  # a window's trace read and replayed mid-cell
     def _go_light(self) -> None:
         assert self._schedule is not None
         step = self._schedule.position
@@ -232,6 +233,7 @@ class Recorder:
             self._cpu.pause()
             self._cpu_until_us = time.time_ns() // 1000
 
+    @pausing  # may read the layout for a new window
     def _sample(self, module: Any, args: Any) -> None:
         assert self._schedule is not None and self._session is not None
         schedule = self._schedule

@@ -37,8 +37,9 @@ class ModuleScopes:
 
     def __init__(self, user_ns: Mapping[str, Any]) -> None:
         self.user_ns = user_ns
-        self.calls: list[ModuleCall] = []
-        self.marks: list[ScopeMark] = []
+        # Plain tuples while the cell runs (see Tagger); typed by ``records()``.
+        self._calls: list[tuple[str, int, int]] = []
+        self._marks: list[tuple[int, int]] = []
         self._names: dict[int, str] = {}  # id(module) -> qualified name
         self._roots: set[int] = set()  # top-level modules whose names are read
         self._has_root = False  # a model with parameters took the name ""
@@ -67,17 +68,17 @@ class ModuleScopes:
                 name = self._names[id(module)] = type(module).__name__
             k = self._counts.get(name, 0)
             self._counts[name] = k + 1
-            scope = len(self.calls)
-            self.calls.append(ModuleCall(name, k, self._stack[-1] if self._stack else OUTSIDE))
+            scope = len(self._calls)
+            self._calls.append((name, k, self._stack[-1] if self._stack else OUTSIDE))
             self._last[id(module)] = scope
         self._stack.append(scope)
-        self.marks.append(ScopeMark(_now_us(), scope))
+        self._marks.append((_now_us(), scope))
 
     def leave(self) -> None:
         """The innermost open forward ends."""
         if self._stack:
             self._stack.pop()
-        self.marks.append(ScopeMark(_now_us(), self.current))
+        self._marks.append((_now_us(), self.current))
 
     @property
     def current(self) -> int:
@@ -89,14 +90,18 @@ class ModuleScopes:
         """Backward unpacked a tensor saved in call ``scope``: that call's backward runs."""
         if scope != self._idle and not self._stack:
             self._idle = scope
-            self.marks.append(ScopeMark(_now_us(), scope))
+            self._marks.append((_now_us(), scope))
 
     def outside(self) -> None:
         """Code outside every module runs now (the optimizer step, the rest of the cell)."""
         self._stack.clear()
-        if self._idle != OUTSIDE or not self.marks or self.marks[-1].scope != OUTSIDE:
+        if self._idle != OUTSIDE or not self._marks or self._marks[-1][1] != OUTSIDE:
             self._idle = OUTSIDE
-            self.marks.append(ScopeMark(_now_us(), OUTSIDE))
+            self._marks.append((_now_us(), OUTSIDE))
+
+    def records(self) -> tuple[tuple[ModuleCall, ...], tuple[ScopeMark, ...]]:
+        """The calls and scope marks recorded so far."""
+        return tuple(map(ModuleCall._make, self._calls)), tuple(map(ScopeMark._make, self._marks))
 
     # -- owners of parameters ------------------------------------------------------------
     def own(self, module: Any, parameters: Any) -> int:
@@ -104,8 +109,8 @@ class ModuleScopes:
         record = self._owners.get(id(module))
         if record is None:
             name = self._names.get(id(module), type(module).__name__)
-            record = self._owners[id(module)] = len(self.calls)
-            self.calls.append(ModuleCall(name, -1, OUTSIDE))
+            record = self._owners[id(module)] = len(self._calls)
+            self._calls.append((name, -1, OUTSIDE))
         for p in parameters:  # a tied weight belongs to its first owner, as in named_parameters()
             self._params.setdefault(id(p), record)
         return record

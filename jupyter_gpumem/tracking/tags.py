@@ -60,7 +60,9 @@ class Tagger:
     def __init__(self, torch: Any, user_ns: Mapping[str, Any]) -> None:
         self.torch = torch
         self.user_ns = user_ns
-        self.tags: list[Tag] = []
+        # Plain tuples while the cell runs, typed when it ends: the collector untracks a tuple
+        # of numbers and strings, so thousands of tags never reach an older generation.
+        self._tags: list[tuple[int, str, int, int, int]] = []
         self.marks: list[PhaseMark] = []
         self._handles: list[Any] = []
         self._saved_hooks: Any = None
@@ -125,7 +127,7 @@ class Tagger:
         now = _now_us()
         for storage in (named if named is not None else named_storages(self.user_ns)).values():
             if storage.category is not None:
-                self.tags.append(Tag(storage.address, storage.category, now, storage.nbytes))
+                self._tags.append((storage.address, storage.category, now, storage.nbytes, -1))
         torch = self.torch
         if self._enter_compiled is None and "torch._dynamo" in sys.modules:
             self._enter_compiled = torch.compiler.disable(self._enter_compiled_root)
@@ -143,7 +145,7 @@ class Tagger:
         self.on_boundary = None
         self._enter_compiled = self._exit_compiled = None  # they hold this tagger
         self.roots.clear()
-        return tuple(self.tags), tuple(self.marks)
+        return tuple(map(Tag._make, self._tags)), tuple(self.marks)
 
     def _remove(self) -> None:
         if self._saved_hooks is not None:
@@ -303,7 +305,7 @@ class Tagger:
         except (RuntimeError, NotImplementedError):
             return
         if address:
-            self.tags.append(Tag(address, category, now, storage.nbytes(), scope))
+            self._tags.append((address, category, now, storage.nbytes(), scope))
 
     def _mark(self, phase: str) -> None:
         self._phase = phase

@@ -6,9 +6,11 @@ leak check visits per cell, and the host memory our own code still holds.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -86,6 +88,66 @@ def test_a_cell_leaves_no_garbage_in_cycles(shell: InteractiveShell, flags: str)
         assert shell.run_cell(f"%%gpumem {flags}\n{body}").success
     plain = cyclic_garbage(shell, body)
     assert cyclic_garbage(shell, f"%%gpumem {flags}\n{body}") == plain
+
+
+def test_our_work_runs_with_the_collector_paused_and_the_cell_with_it_on(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jupyter_gpumem.session as session
+
+    seen: list[bool] = []
+    build = session.build_report
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(session, "build_report", watched)
+    assert shell.run_cell("%%gpumem\nimport gc\ncollecting = gc.isenabled()").success
+    assert shell.user_ns["collecting"] is True and seen == [False]
+    assert gc.isenabled()
+    gc.disable()  # the user's choice holds through the cell and after it
+    try:
+        assert shell.run_cell("%%gpumem --quiet\ncollecting = gc.isenabled()").success
+        assert shell.user_ns["collecting"] is False and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def _promoted(shell: InteractiveShell, flags: str | None, steps: int) -> int:
+    """Objects a cell of ``steps`` steps moves into the oldest generation, alive at its end.
+
+    The cell collects its young generations once, as a long cell would many times: what is
+    alive then is moved on, and counts towards the next full collection.
+    """
+    source = (
+        "_before = {id(o) for o in gc.get_objects(generation=2)}\n"
+        f"for _ in range({steps}):\n    step()\n"
+        "gc.collect(1)\n"
+        "_promoted = sum(1 for o in gc.get_objects(generation=2) if id(o) not in _before)\n"
+    )
+    gc.collect()
+    cell = source if flags is None else f"%%gpumem {flags}\n{source}"
+    assert shell.run_cell(cell).success
+    return int(shell.user_ns["_promoted"])
+
+
+def test_what_a_cell_records_never_reaches_the_oldest_generation(shell: InteractiveShell) -> None:
+    setup = (
+        "import gc, torch\n"
+        "model = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(32, 32), torch.nn.ReLU())])\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "def step():\n"
+        "    model(torch.randn(8, 32)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "step()\n"
+    )
+    assert shell.run_cell(setup).success
+    _promoted(shell, "--quiet", 1)  # the first cell fills caches and installs counters
+    # tags, scope marks and CPU events of every step are alive when the cell collects:
+    # recorded as plain tuples, the collector untracks them instead of moving them on
+    one, three = _promoted(shell, "--quiet", 1), _promoted(shell, "--quiet", 3)
+    assert three <= one + 25, (one, three)
+    assert _promoted(shell, None, 3) <= _promoted(shell, None, 1) + 25  # as the plain cell
 
 
 def test_the_limit_is_validated_and_dropping_is_said_once(
