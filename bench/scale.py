@@ -277,12 +277,13 @@ def _status(key: str) -> int:
 
 
 class Bench:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, natural_gc: bool = False) -> None:
         from IPython.core.interactiveshell import InteractiveShell
 
         import jupyter_gpumem.report.build as analysis
 
         self.device = device
+        self.natural_gc = natural_gc  # no collection before each run: they fall where they would
         self.shell = InteractiveShell.instance()
         self.shell.run_line_magic("load_ext", "jupyter_gpumem")
         self.events: list[int] = []
@@ -349,7 +350,8 @@ class Bench:
         return [self._once("%%gpumem --quiet\n" + body)[0] for _ in range(cells)]
 
     def _once(self, source: str) -> tuple[float, float, int]:
-        gc.collect()
+        if not self.natural_gc:
+            gc.collect()
         self.sync()
         rss = _rss_peak_reset()
         t0 = time.perf_counter()
