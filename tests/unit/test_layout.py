@@ -17,7 +17,7 @@ ROOT = Path(jupyter_gpumem.__file__).parent
 # Lowest floor first. A module may import its own floor and the floors below it, never above.
 # Prefixes name a package's modules; within a floor, imports go either way.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("units", "records", "version"),
+    ("units", "records", "version", "collector"),
     ("tensor_walk", "namespace_scan"),
     ("nvml.",),
     ("techniques.",),
