@@ -84,8 +84,8 @@ class _StorageRef(weakref.ref):  # type: ignore[type-arg]
     size: int
 
 
-# Raw records kept while recording; expanded into TraceEvents when read.
-# (action, address, size, time_us, frames) with action "alloc" or "free".
+# Raw records kept while recording, with action "alloc" or "free", and each one's frames in a
+# list beside them; expanded into TraceEvents when read.
 _Frame = tuple[str, int, str]  # filename, line, name
 _Raw = tuple[str, int, int, int]  # action, address, size, time_us
 
