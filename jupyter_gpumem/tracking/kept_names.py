@@ -213,8 +213,11 @@ class SourceNames:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def named(self, source: Source) -> list[NamedStorage]:
+    def named(self, source: Source, held: list[Any] | None = None) -> list[NamedStorage]:
+        """``source``'s named storages; ``held`` (when given) receives the tensors it holds."""
         tensors, facts = source.held()
+        if held is not None:
+            held.extend(t for t in tensors if t is not None)
         pointers: list[int] | None
         try:
             pointers = [0 if t is None else t.data_ptr() for t in tensors]

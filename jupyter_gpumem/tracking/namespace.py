@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from jupyter_gpumem.records import NamedStorage
@@ -60,24 +60,17 @@ def modules_and_optimizers(
     return modules, optimizers
 
 
-def named_storages(user_ns: Mapping[str, Any]) -> dict[int, NamedStorage]:
+def named_storages(
+    user_ns: Mapping[str, Any], held: list[Any] | None = None
+) -> dict[int, NamedStorage]:
     """Every tensor storage reachable from the namespace, by storage address; first name wins.
 
     Each module's, optimizer's and variable's storages are named again only where it holds
-    other tensors than at the last read (see :mod:`.kept_names`).
+    other tensors than at the last read (see :mod:`.kept_names`). ``held`` (when given)
+    receives every tensor the namespace holds, as ``walk`` finds them (repeats included).
     """
-    parts = [kept_names.SOURCES.named(source) for source in _sources(user_ns)]
+    parts = [kept_names.SOURCES.named(source, held) for source in _sources(user_ns)]
     return kept_names.SOURCES.merged(parts)
-
-
-def named_of(found: Iterable[tuple[Any, str, str | None]]) -> dict[int, NamedStorage]:
-    """The storages of ``walk``'s (tensor, name, category), by address; first name wins."""
-    out: dict[int, NamedStorage] = {}
-    for t, name, category in found:
-        named = kept_names.NAMES.get(t, name, category)
-        if named is not None and named.address not in out:
-            out[named.address] = named
-    return out
 
 
 class ModuleEdits:

@@ -24,7 +24,7 @@ from jupyter_gpumem.records import (
 from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
 from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tracking.namespace import NAMED, named_of, named_storages, walk
+from jupyter_gpumem.tracking.namespace import NAMED, named_storages
 from jupyter_gpumem.tracking.tags import Tagger
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,10 @@ class Recorder:
             self._session.start()
         named: Mapping[int, NamedStorage] = {}
         if torch is not None and self.options.trace and self._session is None:
-            # the CPU source follows the namespace's tensors; they are named from the same read
-            found = self._guarded("namespace", lambda: list(walk(self.user_ns)))
-            found = [] if found is _FAILED else found
-            named = named_of(found)
-            tensors = [t for t, _, _ in found]
+            # the CPU source follows the namespace's tensors, found by the read that names them
+            tensors: list[Any] = []
+            read = self._guarded("namespace", lambda: named_storages(self.user_ns, tensors))
+            named = {} if read is _FAILED else read
             started = self._guarded("CPU tensor source", lambda: _start_cpu_source(tensors))
             if started is not _FAILED:
                 self._cpu, self._cpu_start = started

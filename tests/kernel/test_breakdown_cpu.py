@@ -107,3 +107,19 @@ def test_tracking_leaves_no_reference_cycle_through_saved_outputs(shell: Interac
     )
     assert shell.run_cell(cell).success
     assert shell.user_ns["ref"]() is None
+
+
+def test_what_the_namespace_held_and_the_cell_freed_counts_as_freed(
+    shell: InteractiveShell,
+) -> None:
+    setup = MLP + SETUP_OPT + "kept = [torch.ones(1000), torch.ones(3000)]\n"
+    assert shell.run_cell(setup).success
+    assert shell.run_cell("%%gpumem --quiet\n_z = 1").success  # names kept from here on
+    state = "sum(v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values())"
+    freed = shell.ev(
+        f"4 * 3000 + {state} + sum(p.grad.untyped_storage().nbytes() for p in model.parameters())"
+    )
+    cell = "del kept[1]\nopt.state.clear()\nfor p in model.parameters():\n    p.grad = None\n"
+    assert shell.run_cell(f"%%gpumem --quiet -o r\n{cell}").success
+    r = shell.user_ns["r"]
+    assert r.allocated_after_bytes == r.allocated_before_bytes - freed
