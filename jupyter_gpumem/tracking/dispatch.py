@@ -169,23 +169,27 @@ class DispatchRecorder:
         self._on_resize_cb = self._on_resize
         self._tensor_type = torch.Tensor
         known = []
-        for t in (plain for held in existing for plain in plain_tensors(held)):
-            if not isinstance(t, torch.Tensor) or not (
-                (self._cpu and t.is_cpu) or (self._meta and t.is_meta)
-            ):
-                continue
-            try:
-                st = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            if st._cdata in self._live or not st.nbytes():
-                continue
-            ref = _StorageRef(st, self._on_free_cb)
-            ref.key = st._cdata
-            ref.address = ref.key if st.device.type == "meta" else st.data_ptr() or ref.key
-            ref.size = st.nbytes()
-            self._live[ref.key] = ref
-            known.append((ref.address, ref.size))
+        live, on_free = self._live, self._on_free_cb
+        plain = (torch.Tensor, torch.nn.Parameter)  # no wrapped tensors to look into
+        for held in existing:
+            for t in (held,) if type(held) in plain else plain_tensors(held):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                meta = t.is_meta
+                if not ((self._meta and meta) or (self._cpu and not meta and t.is_cpu)):
+                    continue
+                try:
+                    st = t.untyped_storage()
+                except (RuntimeError, NotImplementedError):
+                    continue
+                key, size = st._cdata, st.nbytes()
+                if key in live or not size:
+                    continue
+                ref = _StorageRef(st, on_free)
+                ref.key, ref.size = key, size
+                ref.address = key if meta else st.data_ptr() or key
+                live[key] = ref
+                known.append((ref.address, size))
         mode = _mode_class()(self)
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
