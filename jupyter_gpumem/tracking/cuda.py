@@ -625,7 +625,7 @@ class SnapshotBlocks(Sequence[BlockState]):
     the blocks themselves read only where the breakdown looks. Pickles as a plain tuple.
     """
 
-    __slots__ = ("_allocated", "_parsed", "_raw", "_segment", "_summary", "key")
+    __slots__ = ("_parsed", "_raw", "_segment", "_summary", "allocated_of", "key")
 
     def __init__(
         self, raw: Sequence[Mapping[str, Any]], segment: Mapping[str, Any] | None = None
@@ -633,7 +633,7 @@ class SnapshotBlocks(Sequence[BlockState]):
         self._raw = raw
         self._segment = segment or {}  # the snapshot's segment entry, for its totals
         self._parsed: tuple[BlockState, ...] | None = None
-        self._allocated: list[AllocatedBlock] | None = None
+        self.allocated_of = AllocatedOf(raw)
         self._summary: AllocatedSummary | None = None
         seg = self._segment  # the segment's fingerprint: its address, totals and block count
         self.key = (seg.get("device", 0), *(seg.get(k) for k in _TOTALS), len(raw))
@@ -644,13 +644,7 @@ class SnapshotBlocks(Sequence[BlockState]):
         return self._parsed
 
     def allocated_blocks(self) -> list[AllocatedBlock]:
-        if self._allocated is None:
-            self._allocated = [
-                AllocatedBlock(b["address"], b["size"], b.get("requested_size") or None)
-                for b in self._raw
-                if b["state"] == "active_allocated"
-            ]
-        return self._allocated
+        return self.allocated_of()
 
     def allocated_size(self) -> int:
         size = self._segment.get("allocated_size")
@@ -665,7 +659,7 @@ class SnapshotBlocks(Sequence[BlockState]):
                 self._summary = AllocatedSummary.of(self.allocated_blocks())
             else:
                 self._summary = SUMMARIES.get(self.key) or SUMMARIES.put(
-                    self.key, AllocatedSummary(int(size), int(requested), self.allocated_blocks)
+                    self.key, AllocatedSummary(int(size), int(requested), self.allocated_of)
                 )
         return self._summary
 
@@ -694,6 +688,30 @@ class SnapshotBlocks(Sequence[BlockState]):
 
 
 _TOTALS = ("address", "total_size", "allocated_size", "active_size", "requested_size")
+
+
+class AllocatedOf:
+    """A segment's allocated blocks, made from its snapshot entries when first asked for.
+
+    Shared by the segment's view and the summary kept of it; it holds neither, so a layout
+    and its summaries are freed by reference counting, and a summary kept for a later read
+    keeps only the entries it may still read.
+    """
+
+    __slots__ = ("_raw", "made")
+
+    def __init__(self, raw: Sequence[Mapping[str, Any]]) -> None:
+        self._raw = raw
+        self.made: list[AllocatedBlock] | None = None
+
+    def __call__(self) -> list[AllocatedBlock]:
+        if self.made is None:
+            self.made = [
+                AllocatedBlock(b["address"], b["size"], b.get("requested_size") or None)
+                for b in self._raw
+                if b["state"] == "active_allocated"
+            ]
+        return self.made
 
 
 class HeldSummaries:

@@ -4,6 +4,7 @@ where the breakdown looks, and a segment unchanged since the last read not read 
 from __future__ import annotations
 
 import copy
+import gc
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize
@@ -75,7 +76,7 @@ def test_held_segments_count_from_the_snapshots_totals_as_block_by_block() -> No
     named = _named(raw)
     split = categorize((), (), (), (), named, held=held, library=LIBRARY)
     # read block by block: the segments holding a named storage or as much as a workspace
-    read = [s.blocks._allocated is not None for s in held]
+    read = [s.blocks.allocated_of.made is not None for s in held]
     assert read == [True, False, False, False, False, False, True, True]
     whole = categorize(live_blocks(held), (), (), (), named, library=LIBRARY)
     assert split == whole
@@ -103,7 +104,7 @@ def test_a_segment_unchanged_since_the_last_read_is_not_read_again() -> None:
         s.allocated_summary() is f.allocated_summary() for s, f in zip(second, first, strict=True)
     ]
     assert reused == [True, False, True, True, True, True, True, True]
-    assert all(s.blocks._allocated is None for i, s in enumerate(second) if reused[i])
+    assert all(s.blocks.allocated_of.made is None for i, s in enumerate(second) if reused[i])
     assert after["unattributed"] == before["unattributed"] - 1000
     assert sum(after.values()) == sum(seg["allocated_size"] for seg in again)
 
@@ -124,3 +125,22 @@ def test_blocks_awaiting_their_streams_are_counted_block_by_block() -> None:
     summary = held[0].allocated_summary()
     assert raw[0]["requested_size"] == 6000  # the snapshot's total counts the pending block
     assert (summary.size, summary.requested) == (2048 + 3072, 5000)
+
+
+def test_a_layout_and_its_summaries_go_without_the_cycle_collector() -> None:
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        raw = _raw()
+        first = cuda._segments(raw, 0)
+        categorize((), (), (), (), _named(raw), held=first, library=LIBRARY)
+        second = cuda._segments(copy.deepcopy(raw), 0)  # the summaries kept, reused
+        categorize((), (), (), (), _named(raw), held=second, library=LIBRARY)
+        del raw, first, second
+        cuda.SUMMARIES.clear()
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
