@@ -176,6 +176,14 @@ class _Model:
         self.small_segments.discard(address)
         self.reserved -= size
 
+    def __enter__(self) -> _Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Unlink the blocks: each holds its neighbours, so the chains are reference cycles."""
+        for block in self.blocks.values():
+            block.prev = block.next = None
+
     def live(self) -> tuple[Live, ...]:
         return tuple(
             Live(b.address, b.size, b.requested, b.alloc_index)
@@ -252,64 +260,66 @@ def replay(
     ``allocated_start``/``reserved_start`` are the counters read at the start;
     when given, the model's own totals must agree or the replay is marked inexact.
     """
-    model = _Model()
-    touched = touched_segments(segments, events)
-    held = tuple(seg for seg in segments if seg.address not in touched)
-    model.allocated = sum(segment_allocated(seg) for seg in held)
-    model.reserved = sum(seg.total_size for seg in held)
-    for seg in segments:
-        if seg.address in touched:
-            model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
-    reason: str | None = None
-    if allocated_start is not None and allocated_start != model.allocated:
-        reason = f"start layout holds {model.allocated} allocated bytes, counters {allocated_start}"
-    if reserved_start is not None and reserved_start != model.reserved:
-        reason = (
-            reason
-            or f"start layout holds {model.reserved} reserved bytes, counters {reserved_start}"
+    with _Model() as model:  # unlinked when done: no cycle left for the collector
+        touched = touched_segments(segments, events)
+        held = tuple(seg for seg in segments if seg.address not in touched)
+        model.allocated = sum(segment_allocated(seg) for seg in held)
+        model.reserved = sum(seg.total_size for seg in held)
+        for seg in segments:
+            if seg.address in touched:
+                model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+        reason: str | None = None
+        if allocated_start is not None and allocated_start != model.allocated:
+            reason = (
+                f"start layout holds {model.allocated} allocated bytes, counters {allocated_start}"
+            )
+        if reserved_start is not None and reserved_start != model.reserved:
+            reason = (
+                reason
+                or f"start layout holds {model.reserved} reserved bytes, counters {reserved_start}"
+            )
+        a0, r0 = model.allocated, model.reserved
+        peak_a, peak_r, peak_index = a0, r0, -1
+        live_at_peak = model.live() if keep_live_at_peak else ()
+        alloc_series: list[int] = []
+        reserved_series: list[int] = []
+        oom_index: int | None = None
+        live_at_oom: tuple[Live, ...] = ()
+        for i, ev in enumerate(events):
+            if reason is None:
+                try:
+                    _apply(model, ev, i)
+                except _Mismatch as exc:
+                    reason = str(exc)
+            if ev.action == "oom" and oom_index is None:
+                oom_index, live_at_oom = i, model.live()
+            alloc_series.append(model.allocated)
+            reserved_series.append(model.reserved)
+            if model.reserved > peak_r:
+                peak_r = model.reserved
+            if model.allocated > peak_a:
+                peak_a, peak_index = model.allocated, i
+                if keep_live_at_peak:
+                    live_at_peak = ()  # rebuilt once after the loop, not at every peak
+        if keep_live_at_peak and peak_index >= 0:
+            live_at_peak = _live_at(model, peak_index) if reason is None else ()
+        return Replay(
+            exact=reason is None,
+            reason=reason,
+            allocated_start=a0,
+            allocated_end=model.allocated,
+            reserved_start=r0,
+            reserved_end=model.reserved,
+            peak_allocated=peak_a,
+            peak_reserved=peak_r,
+            peak_index=peak_index,
+            touched_at_peak=live_at_peak,
+            allocated_series=tuple(alloc_series),
+            reserved_series=tuple(reserved_series),
+            oom_index=oom_index,
+            touched_at_oom=live_at_oom,
+            held=held if keep_live_at_peak and (reason is None or peak_index < 0) else (),
         )
-    a0, r0 = model.allocated, model.reserved
-    peak_a, peak_r, peak_index = a0, r0, -1
-    live_at_peak = model.live() if keep_live_at_peak else ()
-    alloc_series: list[int] = []
-    reserved_series: list[int] = []
-    oom_index: int | None = None
-    live_at_oom: tuple[Live, ...] = ()
-    for i, ev in enumerate(events):
-        if reason is None:
-            try:
-                _apply(model, ev, i)
-            except _Mismatch as exc:
-                reason = str(exc)
-        if ev.action == "oom" and oom_index is None:
-            oom_index, live_at_oom = i, model.live()
-        alloc_series.append(model.allocated)
-        reserved_series.append(model.reserved)
-        if model.reserved > peak_r:
-            peak_r = model.reserved
-        if model.allocated > peak_a:
-            peak_a, peak_index = model.allocated, i
-            if keep_live_at_peak:
-                live_at_peak = ()  # rebuilt once after the loop: cheaper than at every new peak
-    if keep_live_at_peak and peak_index >= 0:
-        live_at_peak = _live_at(model, peak_index) if reason is None else ()
-    return Replay(
-        exact=reason is None,
-        reason=reason,
-        allocated_start=a0,
-        allocated_end=model.allocated,
-        reserved_start=r0,
-        reserved_end=model.reserved,
-        peak_allocated=peak_a,
-        peak_reserved=peak_r,
-        peak_index=peak_index,
-        touched_at_peak=live_at_peak,
-        allocated_series=tuple(alloc_series),
-        reserved_series=tuple(reserved_series),
-        oom_index=oom_index,
-        touched_at_oom=live_at_oom,
-        held=held if keep_live_at_peak and (reason is None or peak_index < 0) else (),
-    )
 
 
 def layout_after(
@@ -324,30 +334,30 @@ def layout_after(
     if any(ev.action in SEGMENT_ACTIONS for ev in events):
         return None
     touched = touched_segments(segments, events)
-    model = _Model()
-    for seg in segments:
-        if seg.address in touched:
-            model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
-    try:
-        for i, ev in enumerate(events):
-            _apply(model, ev, i)
-    except _Mismatch:
-        return None
-    chains: dict[int, list[_Block]] = {}
-    for block in model.blocks.values():
-        chains.setdefault(block.segment, []).append(block)
-    out = [seg for seg in segments if seg.address not in touched]
-    for seg in segments:
-        if seg.address in touched:
-            chain = sorted(chains.get(seg.address, ()), key=lambda b: b.address)
-            blocks = tuple(
-                BlockState(
-                    b.address, b.size, b.state, b.requested if b.state == ALLOCATED else None
+    with _Model() as model:  # unlinked when done: no cycle left for the collector
+        for seg in segments:
+            if seg.address in touched:
+                model.add_segment(seg.address, seg.total_size, seg.is_small, seg.blocks)
+        try:
+            for i, ev in enumerate(events):
+                _apply(model, ev, i)
+        except _Mismatch:
+            return None
+        chains: dict[int, list[_Block]] = {}
+        for block in model.blocks.values():
+            chains.setdefault(block.segment, []).append(block)
+        out = [seg for seg in segments if seg.address not in touched]
+        for seg in segments:
+            if seg.address in touched:
+                chain = sorted(chains.get(seg.address, ()), key=lambda b: b.address)
+                blocks = tuple(
+                    BlockState(
+                        b.address, b.size, b.state, b.requested if b.state == ALLOCATED else None
+                    )
+                    for b in chain
                 )
-                for b in chain
-            )
-            out.append(replace(seg, blocks=blocks))
-    return tuple(sorted(out, key=lambda s: s.address))
+                out.append(replace(seg, blocks=blocks))
+        return tuple(sorted(out, key=lambda s: s.address))
 
 
 def _apply(model: _Model, ev: TraceEvent, index: int) -> None:

@@ -5,10 +5,12 @@ fragmented starting layout, two Adam steps and a large temporary. Its counters
 were read independently from ``torch.cuda.max_memory_*``.
 """
 
+import gc
 import json
 from pathlib import Path
 
 from jupyter_gpumem.analysis.peaks import device_peaks
+from jupyter_gpumem.analysis.replay import layout_after, replay
 from jupyter_gpumem.records import (
     BlockState,
     DeviceRecording,
@@ -82,3 +84,20 @@ def test_requested_sizes_alone_would_not_match() -> None:
             level -= live.pop(e.address, 0)
         peak = max(peak, level)
     assert peak != data["independent_peak_allocated"]
+
+
+def test_the_replay_leaves_no_cycle_for_the_collector() -> None:
+    rec, _ = _recording()
+    (window,) = rec.windows
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        replayed = replay(window.segments_before, window.events)
+        after = layout_after(window.segments_before, window.events)
+        del replayed, after
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
