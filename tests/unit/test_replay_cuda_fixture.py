@@ -13,11 +13,13 @@ from jupyter_gpumem.analysis.peaks import device_peaks
 from jupyter_gpumem.analysis.replay import layout_after, replay
 from jupyter_gpumem.records import (
     BlockState,
+    CellRecording,
     DeviceRecording,
     SegmentState,
     TraceEvent,
     TraceWindow,
 )
+from jupyter_gpumem.report.build import build_report
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"
 
@@ -86,7 +88,7 @@ def test_requested_sizes_alone_would_not_match() -> None:
     assert peak != data["independent_peak_allocated"]
 
 
-def test_the_replay_leaves_no_cycle_for_the_collector() -> None:
+def test_the_replay_and_the_report_leave_no_cycle_for_the_collector() -> None:
     rec, _ = _recording()
     (window,) = rec.windows
     gc.collect()
@@ -94,7 +96,13 @@ def test_the_replay_leaves_no_cycle_for_the_collector() -> None:
     try:
         replayed = replay(window.segments_before, window.events)
         after = layout_after(window.segments_before, window.events)
-        del replayed, after
+        cell = CellRecording(
+            started_at=0.0, wall_s=1.0, cuda_available=True, devices={0: rec}, error=None
+        )
+        report = build_report(cell)  # the whole analysis of a GPU cell, its text and HTML
+        assert report.peak_allocated_bytes == rec.max_allocated_after
+        assert "text/html" in report._repr_mimebundle_()
+        del replayed, after, report
         gc.collect()
         left = [type(o).__name__ for o in gc.garbage]
     finally:
