@@ -5,7 +5,6 @@ fragmented starting layout, two Adam steps and a large temporary. Its counters
 were read independently from ``torch.cuda.max_memory_*``.
 """
 
-import gc
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from jupyter_gpumem.records import (
     TraceWindow,
 )
 from jupyter_gpumem.report.build import build_report
+from tests.support.cycles import collected
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"
 
@@ -91,21 +91,15 @@ def test_requested_sizes_alone_would_not_match() -> None:
 def test_the_replay_and_the_report_leave_no_cycle_for_the_collector() -> None:
     rec, _ = _recording()
     (window,) = rec.windows
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        replayed = replay(window.segments_before, window.events)
-        after = layout_after(window.segments_before, window.events)
+
+    def analyse() -> None:
+        replay(window.segments_before, window.events)
+        layout_after(window.segments_before, window.events)
         cell = CellRecording(
             started_at=0.0, wall_s=1.0, cuda_available=True, devices={0: rec}, error=None
         )
         report = build_report(cell)  # the whole analysis of a GPU cell, its text and HTML
         assert report.peak_allocated_bytes == rec.max_allocated_after
         assert "text/html" in report._repr_mimebundle_()
-        del replayed, after, report
-        gc.collect()
-        left = [type(o).__name__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    assert left == []
+
+    assert collected(analyse) == {}

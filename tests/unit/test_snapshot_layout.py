@@ -4,7 +4,6 @@ where the breakdown looks, and a segment unchanged since the last read not read 
 from __future__ import annotations
 
 import copy
-import gc
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize
@@ -12,6 +11,7 @@ from jupyter_gpumem.analysis.library_memory import LibraryMemory
 from jupyter_gpumem.analysis.replay import live_blocks
 from jupyter_gpumem.records import NamedStorage, Workspace
 from jupyter_gpumem.tracking import cuda
+from tests.support.cycles import collected
 
 MiB = 2**20
 BASE = 0x7F0000000000
@@ -128,19 +128,12 @@ def test_blocks_awaiting_their_streams_are_counted_block_by_block() -> None:
 
 
 def test_a_layout_and_its_summaries_go_without_the_cycle_collector() -> None:
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    def read_twice() -> None:
         raw = _raw()
         first = cuda._segments(raw, 0)
         categorize((), (), (), (), _named(raw), held=first, library=LIBRARY)
         second = cuda._segments(copy.deepcopy(raw), 0)  # the summaries kept, reused
         categorize((), (), (), (), _named(raw), held=second, library=LIBRARY)
-        del raw, first, second
         cuda.SUMMARIES.clear()
-        gc.collect()
-        left = [type(o).__name__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    assert left == []
+
+    assert collected(read_twice) == {}
