@@ -166,7 +166,7 @@ class DispatchRecorder:
             self._raw.clear()
             self._raw_frames.clear()
         self._on_free_cb = self._on_free
-        self._on_resize_cb = self._on_resize
+        self._on_resize_cb = on_resize = self._on_resize
         self._tensor_type = torch.Tensor
         known = []
         live, on_free = self._live, self._on_free_cb
@@ -194,7 +194,7 @@ class DispatchRecorder:
         mode.__enter__()
         self._mode, self._thread = mode, threading.get_ident()
         self._following = True
-        storage_resizes.listen(torch, self._on_resize)
+        storage_resizes.listen(torch, on_resize)
         return tuple(known)
 
     def pause(self) -> None:
