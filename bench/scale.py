@@ -23,6 +23,10 @@ cells under 2 s) after one untimed run of each. ``whole_s`` is the wall time of 
 display, all of its mime types, included); ``in_cell_s`` is what the cell body timed itself.
 ``whole_overhead`` is the median over rounds of the two runs' ratio (adjacent runs share the
 machine's state, so drift cancels), with the ratios of medians and of minima beside it.
+``outside_ms`` is what `%%gpumem` adds outside the body (the median of ``whole_s - in_cell_s``
+under it, less the same for plain runs): its start, analysis and display, which the body's own
+time does not carry. Where a host's plain runs spread by more than the overhead (a long cell on
+a busy host), it and ``in_cell_overhead`` say apart what the ratio of wholes cannot.
 ``rss_growth_bytes`` is the rise of the process's peak resident memory during the cell
 (``VmHWM`` after resetting it through ``/proc/self/clear_refs``), and ``trace_events`` the
 allocator (or CPU dispatch) events the analysis received.
@@ -104,6 +108,11 @@ class Result:
             "whole_overhead_of_medians": gw / pw - 1,
             "whole_overhead_of_minima": min(self.gpumem_whole_s) / min(self.plain_whole_s) - 1,
             "whole_overhead_ms": (gw - pw) * 1e3,
+            "outside_ms": (
+                med(w - i for w, i in zip(self.gpumem_whole_s, self.gpumem_in_cell_s, strict=True))
+                - med(w - i for w, i in zip(self.plain_whole_s, self.plain_in_cell_s, strict=True))
+            )
+            * 1e3,
             "plain_in_cell_s": pi,
             "gpumem_in_cell_s": gi,
             "in_cell_overhead": gi / pi - 1,
