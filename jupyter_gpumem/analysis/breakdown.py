@@ -412,21 +412,23 @@ def tensor_records(
             born[ev.address] = ev
         elif ev.action == "free_requested" and ev.address in born:
             freed.append(born.pop(ev.address))
-    alive = []
-    for address, ev in born.items():
-        n = named.get(address)
-        alive.append(
-            TensorRecord(
-                name=n.name if n else None,
-                shape=n.shape if n else None,
-                dtype=n.dtype if n else None,
-                nbytes=n.nbytes if n else ev.size,
-                device=device,
-                line=source_line(ev, cell) or _during(marks, ev),
-                alive=True,
-            )
+    # named first, then the largest; lines are read from the frames of the listed ones only
+    listed = sorted(
+        ((named.get(address), ev) for address, ev in born.items()),
+        key=lambda p: (p[0] is None, -(p[0].nbytes if p[0] else p[1].size)),
+    )[:top]
+    alive = [
+        TensorRecord(
+            name=n.name if n else None,
+            shape=n.shape if n else None,
+            dtype=n.dtype if n else None,
+            nbytes=n.nbytes if n else ev.size,
+            device=device,
+            line=source_line(ev, cell) or _during(marks, ev),
+            alive=True,
         )
-    alive.sort(key=lambda r: (r.name is None, -r.nbytes))
+        for n, ev in listed
+    ]
     gone = [
         TensorRecord(
             None,
@@ -439,7 +441,7 @@ def tensor_records(
         )
         for ev in sorted(freed, key=lambda e: -e.size)[:top]
     ]
-    return tuple(alive[:top]) + tuple(gone)
+    return tuple(alive) + tuple(gone)
 
 
 def tensors_at_end(
