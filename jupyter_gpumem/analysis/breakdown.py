@@ -300,6 +300,19 @@ class AddressLives:
             return StorageLife(None, self.freed_us[k], None)
         return StorageLife(events[i].time_us, self.freed_us[k], events[i].size)
 
+    def nearest_holding(
+        self, k: int, step: int, nbytes: int, events: Sequence[TraceEvent]
+    ) -> StorageLife | None:
+        """The life nearest the ``k``-th one, before it (``step`` -1) or after it (1), of a
+        storage that could hold a tensor of ``nbytes``; None where there is none. Lives at one
+        address follow each other, so the nearest one of that size is the nearest in time."""
+        j = k + step
+        while (life := self.life(j, events)) is not None:
+            if life.holds(nbytes):
+                return life
+            j += step
+        return None
+
 
 def storage_lives(
     events: Sequence[TraceEvent], start_blocks: Sequence[Live], addresses: Set[int]
@@ -342,10 +355,9 @@ def _category(
     ``shift`` is added to the tags' times (see :func:`clock_shift`)."""
     at = lives.get(block.address)
     k = at.index.get(block.event_index) if at is not None else None
-    own, before, after = StorageLife(None, None, None), None, None
+    own = StorageLife(None, None, None)
     if at is not None and k is not None:
         own = at.life(k, events) or own
-        before, after = at.life(k - 1, events), at.life(k + 1, events)
     valid = []
     near = by_address.get(block.address, [])
     if own.born_us is not None:  # tags in time order: skip those long before this storage
@@ -360,11 +372,14 @@ def _category(
         d = own.distance(t)
         if d > slack:
             continue
-        # a neighbour nearer the tag's time holds it (on a tie, the later storage)
-        if before is not None and before.holds(tag.nbytes) and before.distance(t) < d:
-            continue
-        if after is not None and after.holds(tag.nbytes) and after.distance(t) <= d:
-            continue
+        # another storage of the tag's size nearer its time holds it (on a tie, the later one)
+        if at is not None and k is not None:
+            before = at.nearest_holding(k, -1, tag.nbytes, events)
+            if before is not None and before.distance(t) < d:
+                continue
+            after = at.nearest_holding(k, 1, tag.nbytes, events)
+            if after is not None and after.distance(t) <= d:
+                continue
         valid.append(tag)
     if valid:
         category = min((t.category for t in valid), key=_PRIORITY.__getitem__)

@@ -146,3 +146,24 @@ def test_a_tag_clock_that_trails_the_allocators_is_brought_to_it() -> None:
     # the same tags on one clock (the CPU source): no shift, the tag reads in the first life
     out = categorize(blocks, events, tags, [], {}, clock_slack_us=0)
     assert out["gradients"] == 0
+
+
+def test_a_tag_goes_to_the_nearest_storage_of_its_size_past_smaller_ones_between() -> None:
+    # An optimizer temporary, then two smaller storages, then the next step's gradient, all at
+    # one address. The gradient's tag is taken inside its own life, 350 µs after the temporary
+    # was freed (within the clock slack): the smaller storages between cannot hold it, and
+    # the nearest storage of its size is the gradient, not the temporary.
+    small = MiB // 4
+    events = [
+        TraceEvent("segment_alloc", BASE, 2 * MiB, 0),
+        TraceEvent("alloc", BASE, MiB, 1_000),
+        TraceEvent("free_requested", BASE, MiB, 1_100),
+        TraceEvent("alloc", BASE, small, 1_150),
+        TraceEvent("free_requested", BASE, small, 1_200),
+        TraceEvent("alloc", BASE, small, 1_250),
+        TraceEvent("free_requested", BASE, small, 1_300),
+        TraceEvent("alloc", BASE, MiB, 1_400),
+    ]
+    grad_tag = Tag(BASE, "gradients", 1_450, MiB)
+    assert _category_of(events, 0, [grad_tag]) == "temporary"
+    assert _category_of(events, 3, [grad_tag]) == "gradients"
