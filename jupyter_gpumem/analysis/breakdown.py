@@ -433,16 +433,7 @@ def tensor_records(
         key=lambda p: (p[0] is None, -(p[0].nbytes if p[0] else p[1].size)),
     )[:top]
     alive = [
-        TensorRecord(
-            name=n.name if n else None,
-            shape=n.shape if n else None,
-            dtype=n.dtype if n else None,
-            nbytes=n.nbytes if n else ev.size,
-            device=device,
-            line=source_line(ev, cell) or _during(marks, ev),
-            alive=True,
-        )
-        for n, ev in listed
+        _alive(n, ev.size, device, source_line(ev, cell) or _during(marks, ev)) for n, ev in listed
     ]
     gone = [
         TensorRecord(
@@ -457,6 +448,19 @@ def tensor_records(
         for ev in sorted(freed, key=lambda e: -e.size)[:top]
     ]
     return tuple(alive) + tuple(gone)
+
+
+def _alive(n: NamedStorage | None, nbytes: int, device: str, line: str | None) -> TensorRecord:
+    """A storage the cell left alive: as the namespace names it, else ``nbytes`` unnamed."""
+    return TensorRecord(
+        name=n.name if n else None,
+        shape=n.shape if n else None,
+        dtype=n.dtype if n else None,
+        nbytes=n.nbytes if n else nbytes,
+        device=device,
+        line=line,
+        alive=True,
+    )
 
 
 def tensors_at_end(
@@ -486,17 +490,7 @@ def tensors_at_end(
         line = None
         if origin is not None and round_size(origin.size) == block.size:
             line = source_line(origin, cell) or _during(marks, origin)
-        alive.append(
-            TensorRecord(
-                name=n.name if n else None,
-                shape=n.shape if n else None,
-                dtype=n.dtype if n else None,
-                nbytes=n.nbytes if n else block.size,
-                device=device,
-                line=line or "between the recorded steps",
-                alive=True,
-            )
-        )
+        alive.append(_alive(n, block.size, device, line or "between the recorded steps"))
     alive.sort(key=lambda r: (r.name is None, -r.nbytes))
     gone = [
         r
