@@ -359,6 +359,7 @@ def _category(
     if at is not None and k is not None:
         own = at.life(k, events) or own
     valid = []
+    rivals: dict[int, tuple[StorageLife | None, StorageLife | None]] = {}  # by tag size
     near = by_address.get(block.address, [])
     if own.born_us is not None:  # tags in time order: skip those long before this storage
         first = own.born_us - slack - shift
@@ -374,10 +375,14 @@ def _category(
             continue
         # another storage of the tag's size nearer its time holds it (on a tie, the later one)
         if at is not None and k is not None:
-            before = at.nearest_holding(k, -1, tag.nbytes, events)
+            if tag.nbytes not in rivals:  # tags at one address mostly share a size
+                rivals[tag.nbytes] = (
+                    at.nearest_holding(k, -1, tag.nbytes, events),
+                    at.nearest_holding(k, 1, tag.nbytes, events),
+                )
+            before, after = rivals[tag.nbytes]
             if before is not None and before.distance(t) < d:
                 continue
-            after = at.nearest_holding(k, 1, tag.nbytes, events)
             if after is not None and after.distance(t) <= d:
                 continue
         valid.append(tag)
