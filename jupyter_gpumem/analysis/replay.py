@@ -99,7 +99,9 @@ class _Model:
     small_segments: set[int] = field(default_factory=set)
     allocated: int = 0
     reserved: int = 0
-    freed: list[tuple[int, Live]] = field(default_factory=list)  # (event index, block freed)
+    # each free: (event index, address, size, requested, alloc index); plain numbers, made
+    # into a record only where the blocks live at the peak are asked for
+    freed: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
     def add_segment(
         self, address: int, size: int, is_small: bool, blocks: Sequence[BlockState]
@@ -146,9 +148,7 @@ class _Model:
             raise _Mismatch(f"free of {address:#x}, which the model does not hold as allocated")
         block.state = PENDING
         self.allocated -= block.size
-        self.freed.append(
-            (index, Live(block.address, block.size, block.requested, block.alloc_index))
-        )
+        self.freed.append((index, address, block.size, block.requested, block.alloc_index))
 
     def free_completed(self, address: int) -> None:
         block = self.blocks.get(address)
@@ -285,13 +285,26 @@ def replay(
         reserved_series: list[int] = []
         oom_index: int | None = None
         live_at_oom: tuple[Live, ...] = ()
+        alloc, free_requested, free_completed = (
+            model.alloc,
+            model.free_requested,
+            model.free_completed,
+        )
         for i, ev in enumerate(events):
+            action = ev.action
             if reason is None:
-                try:
-                    _apply(model, ev, i)
+                try:  # the three actions of nearly every event first, without a call between
+                    if action == "alloc":
+                        alloc(ev.address, ev.size, i)
+                    elif action == "free_requested":
+                        free_requested(ev.address, i)
+                    elif action == "free_completed":
+                        free_completed(ev.address)
+                    else:
+                        _apply(model, ev, i)
                 except _Mismatch as exc:
                     reason = str(exc)
-            if ev.action == "oom" and oom_index is None:
+            if action == "oom" and oom_index is None:
                 oom_index, live_at_oom = i, model.live()
             alloc_series.append(model.allocated)
             reserved_series.append(model.reserved)
@@ -383,7 +396,11 @@ def _live_at(model: _Model, index: int) -> tuple[Live, ...]:
     still live at the end that were allocated by then, and those freed later.
     """
     at_end = [b for b in model.live() if b.event_index <= index]
-    freed_later = [b for i, b in model.freed if i > index and b.event_index <= index]
+    freed_later = [
+        Live(address, size, requested, alloc)
+        for i, address, size, requested, alloc in model.freed
+        if i > index and alloc <= index
+    ]
     return tuple(sorted((*at_end, *freed_later), key=lambda b: b.address))
 
 

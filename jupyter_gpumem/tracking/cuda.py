@@ -775,17 +775,23 @@ def _new_blocks(
 
 
 def _events(entries: Sequence[Mapping[str, Any]]) -> tuple[TraceEvent, ...]:
-    """Trace entries as events; one pass, positional, as it runs over every entry of a window."""
-    new = TraceEvent
+    """Trace entries as events; one pass, positional, as it runs over every entry of a window.
+
+    Made with ``tuple.__new__`` as the named tuple's own constructor does, without its
+    Python-level call per event."""
+    make, cls = tuple.__new__, TraceEvent
     return tuple(
         [
-            new(
-                e["action"],
-                e.get("addr", 0),
-                e.get("size", 0),
-                e.get("time_us", 0),
-                e.get("frames", ()),
-                e.get("stream") or 0,
+            make(
+                cls,
+                (
+                    e["action"],
+                    e.get("addr", 0),
+                    e.get("size", 0),
+                    e.get("time_us", 0),
+                    e.get("frames", ()),
+                    e.get("stream") or 0,
+                ),
             )
             for e in entries
         ]
