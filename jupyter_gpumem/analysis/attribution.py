@@ -158,7 +158,9 @@ def timeline(
 ) -> Timeline:
     """Allocated and reserved over the cell, against seconds since it started."""
     t0 = started_at_us
-    t = [0.0] + [max(0.0, (e.time_us - t0) / 1e6) for e in events]
+    t = [0.0] + [(e.time_us - t0) / 1e6 for e in events]
+    if min(t) < 0.0:  # stamped before the cell's own start: clocks differ by microseconds
+        t = [max(0.0, s) for s in t]
     allocated = [replay.allocated_start, *replay.allocated_series]
     reserved = [replay.reserved_start, *replay.reserved_series]
     ts, al, re = downsample(t, allocated, reserved)
