@@ -285,26 +285,13 @@ def replay(
         reserved_series: list[int] = []
         oom_index: int | None = None
         live_at_oom: tuple[Live, ...] = ()
-        alloc, free_requested, free_completed = (
-            model.alloc,
-            model.free_requested,
-            model.free_completed,
-        )
         for i, ev in enumerate(events):
-            action = ev.action
             if reason is None:
-                try:  # the three actions of nearly every event first, without a call between
-                    if action == "alloc":
-                        alloc(ev.address, ev.size, i)
-                    elif action == "free_requested":
-                        free_requested(ev.address, i)
-                    elif action == "free_completed":
-                        free_completed(ev.address)
-                    else:
-                        _apply(model, ev, i)
+                try:
+                    _apply(model, ev, i)
                 except _Mismatch as exc:
                     reason = str(exc)
-            if action == "oom" and oom_index is None:
+            if ev.action == "oom" and oom_index is None:
                 oom_index, live_at_oom = i, model.live()
             alloc_series.append(model.allocated)
             reserved_series.append(model.reserved)
