@@ -9,8 +9,10 @@ Configuration (``jupyter_server_config.py``, or ``--GpuMem.interval_s=2`` on the
                                        #   "tests.support.nvml_fake.FakeNvmlBackend"
     c.GpuMem.fake_spec = {...}         # tests only: the stand-in's GPUs
 
-The extension is a jupyter_server ``ExtensionApp`` (`GpuMemApp`): the server calls its
-``initialize_settings``/``initialize_handlers`` at start and ``stop_extension`` at shutdown.
+The extension is a jupyter_server ``ExtensionApp`` (`GpuMemApp`). At start the server calls
+its ``initialize_settings`` (the sampler's state goes into the server's settings) and
+``initialize_handlers`` (`handlers.ROUTES`, which the app roots at ``base_url``); at
+shutdown, its ``stop_extension``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S, Sampler, check_interval
-from jupyter_gpumem.server.handlers import SETTINGS_KEY, handlers
+from jupyter_gpumem.server.handlers import ROUTES, SETTINGS_KEY
 from jupyter_gpumem.server.kernels import ReportedPids, running_kernel_pids
 
 __all__ = ["GpuMem", "GpuMemApp"]
@@ -99,15 +101,20 @@ class GpuMemApp(ExtensionApp):
     name = "jupyter_gpumem"
     load_other_extensions = True
 
+    # Whether this load started the server's sampler (and so serves its routes).
+    _started_sampler = False
+
     @property
     def _server(self) -> Any:
         assert self.serverapp is not None, "initialised by a running server"
         return self.serverapp
 
     def initialize_settings(self) -> None:
-        settings = self._server.web_app.settings
-        if SETTINGS_KEY in settings:
-            return  # loaded already: still one sampler
+        # ExtensionApp has copied the server's settings into self.settings: a second load of
+        # the extension finds the first one's state there and starts no second sampler.
+        self._started_sampler = SETTINGS_KEY not in self.settings
+        if not self._started_sampler:
+            return
         config = GpuMem(parent=self._server)
         backend = config.make_backend(lambda: running_kernel_pids(self._server.kernel_manager))
         sampler = Sampler(
@@ -116,7 +123,7 @@ class GpuMemApp(ExtensionApp):
             history_s=config.history_minutes * 60,
             log=self._server.log,
         )
-        settings[SETTINGS_KEY] = {
+        self.settings[SETTINGS_KEY] = {
             "config": config,
             "sampler": sampler,
             "backend": backend,
@@ -127,13 +134,11 @@ class GpuMemApp(ExtensionApp):
         self.log.info("jupyter_gpumem: sampling %s every %s s", source, config.interval_s)
 
     def initialize_handlers(self) -> None:
-        web_app = self._server.web_app
-        if not web_app.settings[SETTINGS_KEY].get("routes"):
-            web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
-            web_app.settings[SETTINGS_KEY]["routes"] = True
+        if self._started_sampler:  # one set of routes per server, like the sampler
+            self.handlers.extend(ROUTES)
 
     async def stop_extension(self) -> None:
         """Stop the sampler (its thread closes NVML) when the server shuts down."""
-        state = self._server.web_app.settings.get(SETTINGS_KEY)
+        state = self.settings.get(SETTINGS_KEY)
         if state is not None:
             await asyncio.to_thread(state["sampler"].stop)

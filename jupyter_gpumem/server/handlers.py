@@ -1,6 +1,7 @@
 """REST handlers under ``{base_url}/jupyter-gpumem/api/``: thin readers of the sampler.
 
-Every verb is authenticated and authorised. No handler calls NVML: they read the latest
+`ROUTES` are relative to the server's ``base_url``; the ExtensionApp roots them there. Every
+verb is authenticated and authorised. No handler calls NVML: they read the latest
 sample (waiting briefly, without blocking the event loop, for the very first one). The
 kernel host memory handler reads a few small ``/proc`` files, which never block.
 """
@@ -15,7 +16,6 @@ from typing import Any
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
 
 from jupyter_gpumem.nvml.readings import Reason, Sample
 from jupyter_gpumem.nvml.sampler import Sampler
@@ -23,7 +23,7 @@ from jupyter_gpumem.server.host import kernel_host
 from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
 from jupyter_gpumem.version import __version__
 
-__all__ = ["API_PREFIX", "handlers"]
+__all__ = ["API_PREFIX", "ROUTES", "SETTINGS_KEY"]
 
 API_PREFIX = "jupyter-gpumem/api"
 SETTINGS_KEY = "jupyter_gpumem_state"  # "jupyter_gpumem" holds the ExtensionApp itself
@@ -103,44 +103,42 @@ class HistoryHandler(GpuMemHandler):
         )
 
 
-class KernelProcessesHandler(GpuMemHandler):
+class KernelHandler(GpuMemHandler):
+    """Shared by the routes about one kernel: the running kernel of an id, or 404."""
+
     auth_resource = "kernels"
 
+    def running_kernel(self, kernel_id: str) -> Any:
+        if kernel_id not in self.kernel_manager:
+            raise tornado.web.HTTPError(404, f"no running kernel with id {kernel_id!r}")
+        return self.kernel_manager.get_kernel(kernel_id)
+
+
+class KernelProcessesHandler(KernelHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        kernel_manager = self.kernel_manager
-        if kernel_id not in kernel_manager:
-            raise tornado.web.HTTPError(404, f"no running kernel with id {kernel_id!r}")
+        kernel = self.running_kernel(kernel_id)
         reported: ReportedPids = self.settings[SETTINGS_KEY]["reported_pids"]
-        reported.keep_only(kernel_manager.list_kernel_ids())
-        answer = await kernel_processes(
-            kernel_id, kernel_manager.get_kernel(kernel_id), self.sampler.latest(), reported
-        )
+        reported.keep_only(self.kernel_manager.list_kernel_ids())
+        answer = await kernel_processes(kernel_id, kernel, self.sampler.latest(), reported)
         self.finish_json(answer.to_json())
 
 
-class KernelHostHandler(GpuMemHandler):
+class KernelHostHandler(KernelHandler):
     """The host memory (RSS) of a kernel's process tree: the live view without a GPU."""
-
-    auth_resource = "kernels"
 
     @tornado.web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        kernel_manager = self.kernel_manager
-        if kernel_id not in kernel_manager:
-            raise tornado.web.HTTPError(404, f"no running kernel with id {kernel_id!r}")
-        self.finish_json(kernel_host(kernel_id, kernel_manager.get_kernel(kernel_id)).to_json())
+        self.finish_json(kernel_host(kernel_id, self.running_kernel(kernel_id)).to_json())
 
 
-def handlers(base_url: str) -> list[tuple[str, type[tornado.web.RequestHandler]]]:
-    """The extension's routes, rooted at ``base_url``."""
-    prefix = url_path_join(base_url, API_PREFIX)
-    return [
-        (url_path_join(prefix, "health"), HealthHandler),
-        (url_path_join(prefix, "sample"), SampleHandler),
-        (url_path_join(prefix, "history"), HistoryHandler),
-        (url_path_join(prefix, r"kernels/(?P<kernel_id>[\w-]+)/processes"), KernelProcessesHandler),
-        (url_path_join(prefix, r"kernels/(?P<kernel_id>[\w-]+)/host"), KernelHostHandler),
-    ]
+_KERNEL = r"kernels/(?P<kernel_id>[\w-]+)"
+ROUTES: tuple[tuple[str, type[tornado.web.RequestHandler]], ...] = (
+    (f"{API_PREFIX}/health", HealthHandler),
+    (f"{API_PREFIX}/sample", SampleHandler),
+    (f"{API_PREFIX}/history", HistoryHandler),
+    (f"{API_PREFIX}/{_KERNEL}/processes", KernelProcessesHandler),
+    (f"{API_PREFIX}/{_KERNEL}/host", KernelHostHandler),
+)
