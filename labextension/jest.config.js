@@ -25,7 +25,7 @@ module.exports = {
   ...baseConfig,
   automock: false,
   reporters: ['default'],
-  testRegex: 'src/__tests__/.*\\.spec\\.tsx?$',
-  collectCoverageFrom: ['src/**/*.{ts,tsx}', '!src/**/*.d.ts', '!src/__tests__/**'],
+  testRegex: 'src/(.+/)?__tests__/[^/]+\\.spec\\.tsx?$',
+  collectCoverageFrom: ['src/**/*.{ts,tsx}', '!src/**/*.d.ts', '!src/**/__tests__/**'],
   transformIgnorePatterns: [`/node_modules/(?!${esModules}).+`]
 };

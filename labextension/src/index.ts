@@ -11,13 +11,9 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { unitPreference, Units } from './format';
-import { answerSession } from './handshake';
-import { gpuIcon } from './icons';
-import { GpuModel } from './model';
-import { NotebookReports } from './reports';
-import { serverApi } from './request';
-import { GpuSidebar } from './sidebar';
-import { GpuStatusItem } from './statusbar';
+import { gpuIcon, GpuModel, GpuSidebar, GpuStatusItem } from './live';
+import { answerSession, NotebookReports } from './notebook';
+import { serverApi } from './wire';
 
 /** Plugin, widget and command ids, also used by the UI tests. */
 export const PLUGIN_ID = 'jupyter-gpumem:plugin';

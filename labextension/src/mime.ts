@@ -1,7 +1,7 @@
 /** The mime renderer extension for the `%%gpumem` report's JSON output. */
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 
-import { RENDERER_RANK, rendererFactory } from './renderer';
+import { RENDERER_RANK, rendererFactory } from './report';
 
 const extension: IRenderMime.IExtension = {
   id: 'jupyter-gpumem:report-renderer',

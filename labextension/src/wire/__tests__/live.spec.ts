@@ -1,0 +1,97 @@
+import { fixture } from '../../__tests__/helpers';
+import { WireFormatError } from '../json';
+import { parseHistory, parseKernelHost, parseKernelProcesses, parseSample } from '../live';
+
+describe('parseSample', () => {
+  it('reads the shared sample fixture', () => {
+    const sample = parseSample(fixture('sample.json'));
+    expect(sample.available).toBe(true);
+    expect(sample.driver_version).toBe('550.54.15');
+    expect(sample.devices).toHaveLength(2);
+    const [gpu, mig] = sample.devices;
+    expect(gpu.name).toBe('NVIDIA H100 80GB HBM3');
+    expect(gpu.memory_total_bytes).toBe(85520809984);
+    expect(gpu.processes.map(p => p.pid)).toEqual([48211, 50377]);
+    expect(mig.is_mig).toBe(true);
+    expect(mig.parent_index).toBe(1);
+    expect(mig.utilization_percent).toBeNull();
+    expect(mig.reasons.utilization_percent).toBe('not supported');
+    expect(mig.processes[0].memory_bytes).toBeNull();
+  });
+
+  it('keeps the typed reason of an unavailable sample', () => {
+    const sample = parseSample({
+      time: 1,
+      interval_s: 1,
+      available: false,
+      reason: 'driver not loaded',
+      driver_version: null,
+      devices: []
+    });
+    expect(sample.available).toBe(false);
+    expect(sample.reason).toBe('driver not loaded');
+  });
+
+  it('names the path of a malformed field', () => {
+    const bad = fixture('sample.json');
+    bad.devices[1].memory_used_bytes = '4 GiB';
+    expect(() => parseSample(bad)).toThrow(WireFormatError);
+    expect(() => parseSample(bad)).toThrow('.devices[1].memory_used_bytes');
+  });
+
+  it('reads a history answer', () => {
+    const sample = fixture('sample.json');
+    const history = parseHistory({ interval_s: 1, samples: [sample, sample] });
+    expect(history.samples).toHaveLength(2);
+  });
+});
+
+describe('parseKernelProcesses', () => {
+  it('reads the kernel processes answer', () => {
+    const k = parseKernelProcesses({
+      kernel_id: 'abc',
+      pids: [48211],
+      matched_by: 'pid',
+      processes: [{ device_index: 0, pid: 48211, command: 'python', memory_bytes: 1 }]
+    });
+    expect(k.pids).toEqual([48211]);
+    expect(k.processes[0].device_index).toBe(0);
+    expect(k.matched_by).toBe('pid');
+  });
+});
+
+describe('parseKernelHost', () => {
+  it('reads bytes, and null with a reason where the server could not', () => {
+    const known = parseKernelHost({
+      kernel_id: 'k',
+      pid: 7,
+      pids: [7, 9],
+      rss_bytes: 314572800,
+      host_total_bytes: 17179869184,
+      host_available_bytes: 9663676416,
+      reason: null
+    });
+    expect(known.pids).toEqual([7, 9]);
+    expect(known.rss_bytes).toBe(314572800);
+    const unknown = parseKernelHost({
+      kernel_id: 'k',
+      pid: null,
+      pids: [],
+      rss_bytes: null,
+      host_total_bytes: null,
+      host_available_bytes: null,
+      reason: 'no /proc on this platform'
+    });
+    expect([unknown.pid, unknown.rss_bytes, unknown.reason]).toEqual([
+      null,
+      null,
+      'no /proc on this platform'
+    ]);
+  });
+
+  it('refuses a wrong shape', () => {
+    expect(() => parseKernelHost({ kernel_id: 'k', rss_bytes: '300 MB' })).toThrow(
+      'expected a number at .rss_bytes'
+    );
+  });
+});
