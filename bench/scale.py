@@ -351,7 +351,7 @@ class Bench:
     def settle(self) -> list[float]:
         """Run tiny `%%gpumem` cells until the namespace scan has walked every variable once
         (it walks a budget of objects per cell); their whole-cell times, in order."""
-        from jupyter_gpumem.namespace_scan import SCAN_BUDGET
+        from jupyter_gpumem.held.namespace_scan import SCAN_BUDGET
 
         self.shell.user_ns.update(time=time, sync=self.sync)
         body = BODY.format(steps=1, step="_z = 1")

@@ -9,7 +9,7 @@ models with AdamW state), times, as medians of ``--repeat`` calls each:
   window takes it;
 - ``layout_only_s``: the layout without trace entries (``memory_snapshot(include_traces=False)``,
   where torch has it);
-- ``parse_all_s``: our records of every segment (``tracking/cuda.py``);
+- ``parse_all_s``: our records of every segment (``tracking/snapshot.py``);
 - ``trace_only_s``: the trace without the layout, as a window's end reads it
   (``tracking/cuda.TRACES``: a snapshot filtered to an empty memory pool of ours).
 
@@ -48,7 +48,7 @@ def _median_s(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(repeat: int) -> dict[str, Any]:
-    from jupyter_gpumem.tracking import cuda
+    from jupyter_gpumem.tracking import cuda, snapshot
 
     snap = torch.cuda.memory._snapshot()
     blocks = sum(len(s["blocks"]) for s in snap["segments"])
@@ -57,7 +57,7 @@ def measure(repeat: int) -> dict[str, Any]:
         "blocks": blocks,
         "trace_entries": sum(len(t) for t in snap["device_traces"]),
         "snapshot_s": _median_s(torch.cuda.memory._snapshot, repeat),
-        "parse_all_s": _median_s(lambda: cuda._segments(snap["segments"], 0), repeat),
+        "parse_all_s": _median_s(lambda: snapshot.read_segments(snap["segments"], 0), repeat),
     }
     if cuda.TRACES.read(torch) is not None:
         figures["trace_only_s"] = _median_s(lambda: cuda.TRACES.read(torch), repeat)

@@ -38,28 +38,28 @@ if TYPE_CHECKING:
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """`%load_ext jupyter_gpumem`: register the `%%gpumem` magics."""
-    from jupyter_gpumem import magic
+    from jupyter_gpumem.ipython import magic
 
     magic.load(ipython)
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """`%unload_ext jupyter_gpumem`: remove every magic and hook the extension installed."""
-    from jupyter_gpumem import magic
+    from jupyter_gpumem.ipython import magic
 
     magic.unload(ipython)
 
 
 def history() -> pd.DataFrame:
     """Every `%%gpumem` report of this kernel, one row per cell and device."""
-    from jupyter_gpumem.report_log import to_dataframe
+    from jupyter_gpumem.logbook import to_dataframe
 
     return to_dataframe()
 
 
 def set_history_limit(limit: int) -> None:
     """Keep at most ``limit`` `%%gpumem` reports in this kernel (200 by default); oldest go first."""
-    from jupyter_gpumem.report_log import set_limit
+    from jupyter_gpumem.logbook import set_limit
 
     set_limit(limit)
 
@@ -90,7 +90,7 @@ def record(
 
 def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Report:
     """The reports that ``record`` wrote as one multi-rank report (a file, glob, folder or list)."""
-    from jupyter_gpumem.rank_reports import load_reports as _load
+    from jupyter_gpumem.workers.rank_reports import load_reports as _load
 
     return _load(paths)
 

@@ -6,10 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from jupyter_gpumem.frontend import COMM_TARGET
+from jupyter_gpumem.ipython.display import COMM_TARGET
 from jupyter_gpumem.report.record import MIME_TYPE
 
-QUICKSTART = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
+HERE = Path(__file__).resolve().parent
+# The wheel ships the quickstart inside the package; a source checkout keeps it in notebooks/.
+QUICKSTART = next(
+    (
+        p
+        for p in (HERE / "quickstart.ipynb", HERE.parent / "notebooks" / "quickstart.ipynb")
+        if p.exists()
+    ),
+    HERE / "quickstart.ipynb",
+)
 
 
 def demo(notebook: Path, output: Path | None, timeout_s: int) -> int:
@@ -25,7 +34,8 @@ def demo(notebook: Path, output: Path | None, timeout_s: int) -> int:
         nb,
         timeout=timeout_s,
         kernel_name="python3",
-        resources={"metadata": {"path": str(notebook.parent)}},
+        # the kernel starts where the command was run, never inside the installed package
+        resources={"metadata": {"path": str(Path.cwd())}},
     )
     # The kernel asks whether our renderer is here; headless, nothing answers, and the
     # reports keep their HTML with the SVG timeline.
@@ -42,7 +52,7 @@ def demo(notebook: Path, output: Path | None, timeout_s: int) -> int:
     if output is not None:
         nbformat.write(nb, output)
         print(f"executed notebook written to {output}")
-    print(f"{reports} report(s) from {notebook.name}")
+    print(f"{reports} report(s) from {notebook}")
     return 0 if reports else 1
 
 

@@ -14,7 +14,7 @@ passes through unchanged.
 
 Worker processes the block starts through ``torch.multiprocessing`` (``start_processes``,
 ``spawn``, accelerate's ``notebook_launcher``) measure themselves with ``measure_rank``;
-their reports are the report's ``ranks`` (see :mod:`jupyter_gpumem.rank_reports`).
+their reports are the report's ``ranks`` (see :mod:`jupyter_gpumem.workers.rank_reports`).
 ``record`` measures a block of a script, one report file per rank.
 """
 
@@ -24,27 +24,19 @@ import collections
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from jupyter_gpumem import report_log
+from jupyter_gpumem import logbook
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
 from jupyter_gpumem.analysis.peaks import replay_window
 from jupyter_gpumem.analysis.replay import layout_after
-from jupyter_gpumem.collector import pausing
-from jupyter_gpumem.rank_reports import (
-    RankCollection,
-    current_rank,
-    inherited_namespace,
-    rank_path,
-    with_ranks,
-)
+from jupyter_gpumem.gc_pause import pausing
 from jupyter_gpumem.report.build import build_report
 from jupyter_gpumem.report.record import DeviceReport, Report
-from jupyter_gpumem.tracking.detail import DETAIL_STEPS
 from jupyter_gpumem.tracking.process import process_bytes
 from jupyter_gpumem.tracking.ranks import (
     RANKS_DIR_ENV,
@@ -55,34 +47,36 @@ from jupyter_gpumem.tracking.ranks import (
     write_report,
 )
 from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
-from jupyter_gpumem.worker_names import WorkerLocals
+from jupyter_gpumem.workers.rank_reports import (
+    RankCollection,
+    current_rank,
+    inherited_namespace,
+    rank_path,
+    with_ranks,
+)
+from jupyter_gpumem.workers.worker_names import WorkerLocals
 
-__all__ = ["MeasureOptions", "Measurement", "collect", "measure", "measure_rank", "record"]
+__all__ = [
+    "MeasureOptions",
+    "Measurement",
+    "RecordOptions",
+    "collect",
+    "measure",
+    "measure_rank",
+    "record",
+]
 
 
 @dataclass(frozen=True)
 class MeasureOptions:
-    """What to record and how to report it; the `%%gpumem` options that are not about display."""
+    """What to record (``recording``) and how to report it; `%%gpumem`'s options but display."""
 
     name: str | None = None
     budget_bytes: int | None = None
     top: int = 10  # tensors listed
-    trace: bool = True  # False: the peak counters only
-    devices: Sequence[int] | None = None  # None: every device the block touched
-    all_devices: bool = False
-    snapshot_path: str | None = None
-    detail_steps: int | None = DETAIL_STEPS  # None: the whole block in detail
+    recording: RecordOptions = field(default_factory=RecordOptions)
     log: bool = True  # keep the report in the kernel's report log
     ranks: bool = True  # collect the reports of the worker processes the block starts
-
-    def recording(self) -> RecordOptions:
-        return RecordOptions(
-            trace=self.trace,
-            devices=self.devices,
-            all_devices=self.all_devices,
-            snapshot_path=self.snapshot_path,
-            detail_steps=self.detail_steps,
-        )
 
 
 class Measurement:
@@ -105,7 +99,7 @@ class Measurement:
         self.cell_key = cell_key  # the same cell re-run has the same key
         self.report: Report | None = None
         self._recorder = Recorder(
-            options.recording(), namespace, digest=replay_window, layout_after=layout_after
+            options.recording, namespace, digest=replay_window, layout_after=layout_after
         )
         self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
         self._token: int | None = None
@@ -140,7 +134,7 @@ class Measurement:
                 name=opts.name,
                 execution_count=self.execution_count,
                 budget_bytes=opts.budget_bytes,
-                all_devices=opts.all_devices,
+                all_devices=opts.recording.all_devices,
                 process_bytes=process_bytes() if recording.devices else {},
                 cell=self.cell,
                 top=opts.top,
@@ -154,7 +148,7 @@ class Measurement:
             warnings.warn(f"jupyter_gpumem could not build the report: {exc!r}", stacklevel=2)
             return None
         if self.options.log:
-            dropped = report_log.record(self.report)
+            dropped = logbook.keep(self.report)
             if dropped is not None:
                 warnings.warn(dropped, stacklevel=2)
         for sink in _SINKS:
@@ -165,14 +159,14 @@ class Measurement:
         """What IPython holds on the main device, and growth across runs of the same cell."""
         hints: list[LeakHint] = []
         if self.shell is not None and main is not None:
-            from jupyter_gpumem.ipython_state import check_leaks
+            from jupyter_gpumem.held.ipython_refs import check_leaks
 
             device = None if main.device == "cpu" else main.index
             check = check_leaks(self.shell, device=device, cycles=False)
             hints.extend(check.hints)
             self._hint_notes = check.notes
         if main is not None and self.cell_key is not None:
-            earlier = report_log.earlier_runs(self.cell_key, main.device)
+            earlier = logbook.earlier_runs(self.cell_key, main.device)
             label = self.options.name or "this cell"
             grown = growth_hint([*earlier, main.allocated_after_bytes], label=label)
             if grown is not None:

@@ -1,7 +1,7 @@
 """Leak hints: memory that outlives a cell for a reason the user can fix.
 
 Pure functions over measured byte counts; the measuring (IPython state, tensors,
-the garbage collector) lives in `jupyter_gpumem.ipython_state`.
+the garbage collector) lives in `jupyter_gpumem.held.ipython_refs`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The live GPU view's wire format: frozen records and their JSON shape.
 
-`labextension/src/types.ts` mirrors these field names, and `tests/fixtures/sample.json`
+`labextension/src/wire/live.ts` mirrors these field names, and `tests/fixtures/sample.json`
 is read by both the Python and the TypeScript tests. Bytes are ints, seconds floats,
 and an unknown value is ``None`` (never 0), with the reason in ``reasons``.
 """

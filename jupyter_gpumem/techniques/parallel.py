@@ -11,7 +11,7 @@ Each rank applies the configuration's other techniques first, then its strategy:
   groups and settings, over the sharded parameters, found by name.
 
 A process group of ``world_size`` ranks must be up (``torch.distributed``); on fake tensors
-it is a fake one (:mod:`~jupyter_gpumem.tuner.fake_group`). There, DDP's check of parameter
+it is a fake one (:mod:`~jupyter_gpumem.tuner.estimation.fake_group`). There, DDP's check of parameter
 shapes across ranks and its one rebuild of the buckets read tensor values, so both are left
 out, and a communication hook hands each bucket back as reduced in place, as NCCL does.
 

@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from jupyter_gpumem.tensor_walk import Walker
+from jupyter_gpumem.held.tensor_walk import Walker
 
 MAX_LEAVES = 512  # tensors looked at in one call's inputs or output
 CACHE_BUDGET = 4_000  # objects visited walking one cache

@@ -8,7 +8,7 @@ from what the extension sees anyway, never by attribute names:
 
 - a global optimizer step hook, installed while the extension is loaded: every optimizer
   that steps, in a `%%gpumem` cell or not, is known from its first step on;
-- the namespace scan's bounded walk (:mod:`jupyter_gpumem.namespace_scan`) reports the
+- the namespace scan's bounded walk (:mod:`jupyter_gpumem.held.namespace_scan`) reports the
   optimizers it meets inside the variables it walks, with the variable that holds them.
 
 Only weak references are kept: a known optimizer never outlives the user's last reference.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.collector import pausing
+from jupyter_gpumem.gc_pause import pausing
 from jupyter_gpumem.records import (
     CellRecording,
     DeviceRecording,

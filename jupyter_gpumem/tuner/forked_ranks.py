@@ -34,15 +34,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jupyter_gpumem.report.record import report_from_dict
-from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.report.record import report_from_dict, status_of
+from jupyter_gpumem.techniques import Config, apply_config
 from jupyter_gpumem.tracking.devices import cuda_count
 from jupyter_gpumem.tracking.ranks import SETTLE_S, stop_inherited, write_json
-
-if TYPE_CHECKING:
-    from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.results import TrialResult, result_of
+from jupyter_gpumem.tuner.steps import measure_steps
+from jupyter_gpumem.tuner.workload import Workload
 
 POLL_S = 0.05
 CUDA_IN_KERNEL = (
@@ -52,18 +52,18 @@ CUDA_IN_KERNEL = (
 )
 
 
-def run_ranks(trial: Trial, config: Config) -> TrialResult:
-    """Fork ``config.world_size`` ranks that each measure ``trial`` under ``config``."""
+def run_ranks(workload: Workload, config: Config) -> TrialResult:
+    """Fork ``config.world_size`` ranks that each measure ``workload`` under ``config``."""
     import torch
 
-    device = trial.device
+    device = workload.device
     if device.type == "cuda" and torch.cuda.is_initialized():
         raise RuntimeError(CUDA_IN_KERNEL)
     gpus = cuda_count(torch) if device.type == "cuda" else 0
     backend = "nccl" if device.type == "cuda" and gpus >= config.world_size else "gloo"
     folder = tempfile.mkdtemp(prefix="gpumem-trial-ranks-")
     try:
-        ended = _fork_and_wait(trial, config, folder, backend, gpus)
+        ended = _fork_and_wait(workload, config, folder, backend, gpus)
         results = [
             _read(folder, rank, config, ended.get(rank)) for rank in range(config.world_size)
         ]
@@ -83,14 +83,14 @@ def rank_device(device: Any, rank: int, gpus: int) -> Any:
 
 # -- the kernel's side -------------------------------------------------------------------------
 def _fork_and_wait(
-    trial: Trial, config: Config, folder: str, backend: str, gpus: int
+    workload: Workload, config: Config, folder: str, backend: str, gpus: int
 ) -> dict[int, int | None]:
     """Start the ranks and wait for all; stop the rest when one fails. Exit codes by rank."""
     context = multiprocessing.get_context("fork")
     processes = [
         context.Process(
             target=_rank_main,
-            args=(rank, trial, config, folder, backend, gpus),
+            args=(rank, workload, config, folder, backend, gpus),
             name=f"gpumem-rank-{rank}",
             daemon=True,
         )
@@ -142,8 +142,6 @@ def _how_it_ended(exitcode: int | None) -> str:
 
 def _job(config: Config, results: list[dict[str, Any]], backend: str) -> TrialResult:
     """One TrialResult for the job: the worst rank's figures, every rank in ``ranks``."""
-    from jupyter_gpumem.tuner.trial import result_of
-
     ranks = tuple(
         replace(
             result_of(
@@ -187,7 +185,7 @@ def _release_replaced(originals: list[Any], model: Any) -> None:
 
 
 def _rank_main(
-    rank: int, trial: Trial, config: Config, folder: str, backend: str, gpus: int
+    rank: int, workload: Workload, config: Config, folder: str, backend: str, gpus: int
 ) -> None:
     """One rank, in its forked process: measure, then write the result, whatever happened."""
     import torch
@@ -196,13 +194,11 @@ def _rank_main(
     # for them waits forever: a rank computes on the host with one thread.
     torch.set_num_threads(1)
     stop_inherited()  # a `%%gpumem` cell's recording, copied from the kernel
-    device = rank_device(trial.device, rank, gpus)
+    device = rank_device(workload.device, rank, gpus)
     out: dict[str, Any] = {"rank": rank, "device": str(device)}
     try:
-        out.update(_measure_rank(rank, trial, config, folder, backend, device))
+        out.update(_measure_rank(rank, workload, config, folder, backend, device))
     except BaseException as exc:
-        from jupyter_gpumem.report.record import status_of
-
         out.update(status=status_of(exc), error=f"{type(exc).__name__}: {exc}")
     if out.get("status", "error") != "ok":
         out["failed_at"] = time.time()  # the first to fail is the cause; the rest, its echo
@@ -210,14 +206,11 @@ def _rank_main(
 
 
 def _measure_rank(
-    rank: int, trial: Trial, config: Config, folder: str, backend: str, device: Any
+    rank: int, workload: Workload, config: Config, folder: str, backend: str, device: Any
 ) -> Mapping[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.utils._pytree import tree_map
-
-    from jupyter_gpumem.techniques import apply_config
-    from jupyter_gpumem.tuner.trial import Trial
 
     cuda = device.type == "cuda"
     if cuda:
@@ -225,22 +218,16 @@ def _measure_rank(
     store = "file://" + os.path.join(folder, "store")
     dist.init_process_group(backend, init_method=store, rank=rank, world_size=config.world_size)
     try:
-        model, optimizer = trial.model, trial.optimizer
+        model, optimizer = workload.model, workload.optimizer
         for p in model.parameters():
             p.grad = None
         if optimizer is not None:
             optimizer.state.clear()
         model.to(device)
-        batch = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, trial.batch)
-        own = Trial(
-            model,
-            batch,
-            trial.loss_fn,
-            optimizer=optimizer,
-            warmup=trial.warmup,
-            steps=trial.steps,
-            device=device,
+        batch = tree_map(
+            lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, workload.batch
         )
+        own = replace(workload, batch=batch, device=device)
         originals = list(model.parameters())
         applied = apply_config(model, config, optimizer)
         if applied.optimizer is not optimizer:
@@ -251,7 +238,7 @@ def _measure_rank(
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
 
-        result = own._measure(config, str(config), applied, before_measured=reset_peak)
+        result = measure_steps(own, config, applied, before_measured=reset_peak)
         own_peak = torch.cuda.max_memory_allocated(device) if cuda else None
         return {
             "report": result.report.to_dict() if result.report is not None else None,

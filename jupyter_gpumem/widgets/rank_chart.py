@@ -27,8 +27,8 @@ from jupyter_gpumem.techniques import PARALLELS, Config
 from jupyter_gpumem.units import format_bytes
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.tuner.estimate import Estimate
-    from jupyter_gpumem.tuner.trial import TrialResult
+    from jupyter_gpumem.tuner.estimation.estimate import Estimate
+    from jupyter_gpumem.tuner.results import TrialResult
 
 __all__ = [
     "COLORS",

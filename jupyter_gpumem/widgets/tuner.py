@@ -5,7 +5,7 @@ model and rebinds the user's optimizer variable; Revert restores the model and t
 optimizer object. Re-run measures the configuration and appends a row: with a `Trial`, the trial
 runs it (after a baseline, once); without one, the tuner re-executes the kernel's last `%%gpumem`
 cell with the configuration applied and reads that cell's report. Fit to budget, with a `Trial`,
-plans the blocks to checkpoint with precision and optimizer (`jupyter_gpumem.tuner.plan`),
+plans the blocks to checkpoint with precision and optimizer (`jupyter_gpumem.tuner.planning.plan`),
 verifies the plan by a measured run and shows plan, prediction and measurement side by side;
 the panel then shows the plan, so Apply applies exactly it. Without a trial it picks among the
 measured rows. Beside each block's checkpoint toggle, a bar gives the block's activation bytes at
@@ -49,11 +49,12 @@ from jupyter_gpumem.session import collect
 from jupyter_gpumem.techniques import PARALLELS, Applied, Config, apply_config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
-from jupyter_gpumem.tuner.blocks_at_peak import block_activations
-from jupyter_gpumem.tuner.estimate import Estimate
-from jupyter_gpumem.tuner.fit import FitChoice, fit_to_budget
-from jupyter_gpumem.tuner.plan import Plan, fit_plan
-from jupyter_gpumem.tuner.trial import Trial, TrialResult, cell_result
+from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
+from jupyter_gpumem.tuner.planning.fit import FitChoice, fit_to_budget
+from jupyter_gpumem.tuner.planning.plan import Plan, fit_plan
+from jupyter_gpumem.tuner.results import TrialResult, cell_result
+from jupyter_gpumem.tuner.trial import Trial
 from jupyter_gpumem.units import parse_size
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
 from jupyter_gpumem.widgets.tuner_charts import (

@@ -29,7 +29,7 @@ opt.zero_grad(set_to_none=True)
 def ip(shell: InteractiveShell) -> Iterator[InteractiveShell]:
     gc.collect()
     assert shell.run_cell(LIVED_IN).success
-    from jupyter_gpumem.namespace_scan import SCAN_BUDGET
+    from jupyter_gpumem.held.namespace_scan import SCAN_BUDGET
 
     for _ in range(20_000 // SCAN_BUDGET + 2):  # the namespace scan finishes its tensor list
         assert shell.run_cell("%%gpumem --quiet\n_z = 1").success

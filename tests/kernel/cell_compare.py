@@ -20,7 +20,7 @@ from typing import Any
 from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
 from jupyter_gpumem.report.record import MIME_TYPE
 
 _IPYTHON_NAME = re.compile(r"_+|_i{1,3}|_i?\d+|_exit_code|_oh|_dh|_ih|In|Out")
@@ -88,7 +88,7 @@ def run_cell(shell: InteractiveShell, source: str, *, skip: frozenset[str] = fro
 
 
 def _last_report() -> object:
-    reports = history.reports()
+    reports = logbook.reports()
     return reports[-1] if reports else None
 
 

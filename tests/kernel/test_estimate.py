@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.estimate import Estimate, EstimateUnavailable
+from jupyter_gpumem.tuner.estimation.estimate import Estimate, EstimateUnavailable
 from jupyter_gpumem.tuner.trial import Trial
 
 TOLERANCE_PCT = 2.0

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import ipython_state
-from jupyter_gpumem.namespace_scan import NamespaceScan
+from jupyter_gpumem.held import ipython_refs
+from jupyter_gpumem.held.namespace_scan import NamespaceScan
 from jupyter_gpumem.tracking.held_state import HELD
 
 # A trainer in the manner of HF's or Lightning's: the model and the optimizer live in its
@@ -41,7 +41,7 @@ INFERENCE = "%%gpumem -o r --quiet\nwith torch.no_grad():\n    y = engine.net(to
 
 @pytest.fixture
 def ip(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> Iterator[InteractiveShell]:
-    monkeypatch.setitem(ipython_state._SCANS, shell, NamespaceScan(on_optimizer=HELD.found))
+    monkeypatch.setitem(ipython_refs._SCANS, shell, NamespaceScan(on_optimizer=HELD.found))
     HELD.clear()
     yield shell
     for name in ("engine", "Engine", "N", "STEP_BYTES", "r", "y"):

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
-from jupyter_gpumem.ipython_state import find_leaks, free, namespace_bytes, release
+from jupyter_gpumem.held.ipython_refs import find_leaks, free, namespace_bytes, release
 
 torch = pytest.importorskip("torch")
 MiB = 2**20

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import ipython_state
 from jupyter_gpumem.analysis.leak_hints import LeakHint
-from jupyter_gpumem.ipython_state import (
+from jupyter_gpumem.held import ipython_refs
+from jupyter_gpumem.held.ipython_refs import (
     GRAPH_BUDGET,
     HOLDER_BUDGET,
     check_leaks,
@@ -20,7 +20,7 @@ from jupyter_gpumem.ipython_state import (
     release,
     scan_namespace,
 )
-from jupyter_gpumem.namespace_scan import HIDDEN, SCAN_BUDGET, NamespaceScan
+from jupyter_gpumem.held.namespace_scan import HIDDEN, SCAN_BUDGET, NamespaceScan
 
 torch = pytest.importorskip("torch")
 MiB = 2**20
@@ -58,7 +58,7 @@ def lived_in_state() -> dict[str, Any]:
 def ip(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> Iterator[InteractiveShell]:
     """The shared shell as a fresh kernel that has lived in: torch imported, the state above
     in its namespace, and a namespace scan of its own (its notes are said once per kernel)."""
-    monkeypatch.setitem(ipython_state._SCANS, shell, NamespaceScan())
+    monkeypatch.setitem(ipython_refs._SCANS, shell, NamespaceScan())
     assert shell.run_cell("import torch", store_history=True).success
     release(shell)
     shell.user_ns.update(lived_in_state())
@@ -80,7 +80,7 @@ def settle(ip: InteractiveShell) -> None:
     """Run quiet cells until the scan has walked every variable (exact bytes need that)."""
     for _ in range(WARM_UP):
         run(ip, QUIET)
-    stop = ipython_state._stops(ip)
+    stop = ipython_refs._stops(ip)
     assert scan_namespace(ip, torch, stop).visited == 0, "the scan did not finish"
 
 
@@ -198,7 +198,7 @@ def test_each_check_stays_within_its_budgets(ip: InteractiveShell) -> None:
     notes = [n for c in checks for n in c.notes]
     for fact in (f"over {GRAPH_BUDGET:,} nodes", f"over {HOLDER_BUDGET:,} objects"):
         assert len([n for n in notes if fact in n]) == 1, notes  # said once, not per check
-    stop = ipython_state._stops(ip)
+    stop = ipython_refs._stops(ip)
     first = scan_namespace(ip, torch, stop)
     assert scan_namespace(ip, torch, stop).visited == 0, first.visited
     assert check_leaks(ip, cycles=False).visited <= GRAPH_BUDGET + HOLDER_BUDGET  # scan: 0

@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
 from jupyter_gpumem.report.record import MIME_TYPE, NO_CUDA, Report
 from jupyter_gpumem.units import format_bytes
 
@@ -39,7 +39,7 @@ def test_load_and_unload_leave_no_hooks() -> None:
 
 def test_importing_the_package_imports_neither_torch_nor_pynvml() -> None:
     code = (
-        "import sys, jupyter_gpumem, jupyter_gpumem.magic, jupyter_gpumem.report;"
+        "import sys, jupyter_gpumem, jupyter_gpumem.ipython.magic, jupyter_gpumem.report;"
         "bad = {'torch', 'pynvml'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -66,7 +66,7 @@ def test_bad_options_raise_usage_error_and_do_not_run_the_cell(
     with pytest.raises(UsageError, match=re.escape(allowed)):
         shell.run_cell_magic("gpumem", line, "ran = True")
     assert "ran" not in shell.user_ns
-    assert history.reports() == []
+    assert logbook.reports() == []
 
 
 def test_unknown_line_command_names_the_allowed_ones(shell: InteractiveShell) -> None:
@@ -82,7 +82,7 @@ def test_a_raising_cell_propagates_its_exception_and_still_reports(shell: Intera
     report = shell.user_ns["r"]
     assert report.status == "error"
     assert report.error == "ValueError: boom 42"
-    assert history.reports()[-1] is report
+    assert logbook.reports()[-1] is report
 
 
 def test_cpu_only_runs_the_cell_unchanged_and_says_so(shell: InteractiveShell) -> None:
@@ -110,7 +110,7 @@ def test_quiet_displays_nothing_and_stores_the_report(
 ) -> None:
     shell.run_cell("%%gpumem --quiet -o r\nz = 5")
     assert "gpumem" not in capsys.readouterr().out
-    assert shell.user_ns["r"] is history.reports()[-1]
+    assert shell.user_ns["r"] is logbook.reports()[-1]
 
 
 def test_report_is_displayed_as_a_mime_bundle(

@@ -19,7 +19,7 @@ from cell_compare import Run, compare, run_cell, user_names
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
 from jupyter_gpumem.report.record import Report
 
 BODY = "ran = True\nran"
@@ -31,12 +31,12 @@ def shell() -> Iterator[InteractiveShell]:
     IPython's reset, which the shared fixture runs around every test, takes most of the time."""
     ip = InteractiveShell.instance()
     ip.reset(new_session=False)
-    history.clear()
+    logbook.clear()
     ip.run_line_magic("load_ext", "jupyter_gpumem")
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_gpumem")
     ip.reset(new_session=False)
-    history.clear()
+    logbook.clear()
 
 
 def assert_same(plain: Run, magic: Run) -> None:
@@ -273,8 +273,8 @@ class _Cuda:
 def test_device_count_is_asked_only_once_cuda_is_up(
     monkeypatch: pytest.MonkeyPatch, initialized: bool
 ) -> None:
-    from jupyter_gpumem import magic
-    from jupyter_gpumem.cell_options import parse_options
+    from jupyter_gpumem.ipython import magic
+    from jupyter_gpumem.ipython.cell_options import parse_options
     from jupyter_gpumem.tracking import devices
 
     cuda = _Cuda(2, initialized)
@@ -292,8 +292,8 @@ def test_device_count_is_asked_only_once_cuda_is_up(
 def test_without_torch_a_device_index_is_checked_after_the_cell(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jupyter_gpumem import magic
-    from jupyter_gpumem.cell_options import parse_options
+    from jupyter_gpumem.ipython import magic
+    from jupyter_gpumem.ipython.cell_options import parse_options
 
     monkeypatch.delitem(sys.modules, "torch")
     assert magic._missing_device(parse_options("--device 99")) is None
@@ -352,7 +352,7 @@ def test_the_report_has_the_cells_own_execution_count(shell: InteractiveShell) -
     second = run_cell(shell, "%%gpumem -o s --quiet\nx = 2")
     assert shell.user_ns["r"].execution_count == first.result.execution_count
     assert shell.user_ns["s"].execution_count == second.result.execution_count
-    assert history.reports()[-1].execution_count == second.result.execution_count
+    assert logbook.reports()[-1].execution_count == second.result.execution_count
 
 
 def test_a_failing_body_fails_the_cell_once(shell: InteractiveShell) -> None:

@@ -10,7 +10,7 @@ import pytest
 from nbconvert import HTMLExporter
 
 from jupyter_gpumem.__main__ import main
-from jupyter_gpumem.frontend import WIDGET_VIEW
+from jupyter_gpumem.ipython.display import WIDGET_VIEW
 from jupyter_gpumem.report.record import MIME_TYPE, SCHEMA
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.rank_estimates import shard_sizes
+from jupyter_gpumem.tuner.estimation.rank_estimates import shard_sizes
 from jupyter_gpumem.tuner.trial import Trial
 
 TOLERANCE_PCT = 3.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from jupyter_gpumem.techniques import Config, blocks
-from jupyter_gpumem.tuner.plan import Plan, fit_plan, plan
-from jupyter_gpumem.tuner.profile import profile_step
+from jupyter_gpumem.tuner.planning.plan import Plan, fit_plan, plan
+from jupyter_gpumem.tuner.planning.profile import profile_step
+from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.trial import Trial
+from jupyter_gpumem.tuner.workload import Workload
 from jupyter_gpumem.units import format_bytes
 
 D = 64
@@ -158,7 +161,7 @@ def test_more_budget_checkpoints_fewer_blocks() -> None:
 def test_the_profile_sees_each_block() -> None:
     trial = _stack_trial()
     names = blocks(trial.model)
-    profile = profile_step(trial, names, Config())
+    profile = profile_step(trial.workload, names, Config())
     assert [b.name for b in profile.blocks] == names and profile.unused == ()
     assert len({b.saving_bytes for b in profile.blocks}) == 1  # alike blocks, alike bytes
     first = profile.blocks[0]
@@ -167,7 +170,7 @@ def test_the_profile_sees_each_block() -> None:
     assert first.forward_s > 0 and first.output_bytes == 256 * D * 4
     assert first.grad_bytes == 4 * sum(p.numel() for p in trial.model.layers[0].parameters())
     with pytest.raises(ValueError, match="without checkpointing"):
-        profile_step(trial, names, Config(checkpoint="blocks"))
+        profile_step(trial.workload, names, Config(checkpoint="blocks"))
 
 
 def test_all_techniques_fit_a_budget_checkpointing_alone_cannot() -> None:
@@ -264,11 +267,25 @@ def test_block_bytes_sum_the_calls_of_a_block_run_twice() -> None:
     assert "kept" in "\n".join(found.reasoning)
 
 
+class _WithoutReports:
+    """A trial whose results carry no report: the planner takes any such measurer."""
+
+    def __init__(self, trial: Trial) -> None:
+        self.trial = trial
+
+    @property
+    def workload(self) -> Workload:
+        return self.trial.workload
+
+    def run(self, config: Config) -> TrialResult:
+        return replace(self.trial.run(config), report=None)
+
+    def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
+        return [replace(r, report=None) for r in self.trial.compare(configs)]
+
+
 def test_a_run_without_the_peak_by_module_leaves_the_blocks_out() -> None:
-    trial = _stack_trial()
-    run = trial._run
-    trial._run = lambda config: replace(run(config), report=None)  # type: ignore[method-assign]
-    found = trial.plan("1TiB", techniques=("checkpoint",))
+    found = plan(_WithoutReports(_stack_trial()), "1TiB", ("checkpoint",))
     assert found.fits and found.block_bytes == {} and found.to_dict()["block_bytes"] == {}
     assert not any(line.startswith("Activations at the peak") for line in found.reasoning)
 

@@ -27,9 +27,9 @@ if not dist.is_available() or not dist.is_gloo_available():
 SETUP = """
 import json, os, signal, time
 import torch, torch.nn as nn, torch.distributed as dist, torch.multiprocessing as mp
-from jupyter_gpumem.session import MeasureOptions, measure
+from jupyter_gpumem.session import MeasureOptions, RecordOptions, measure
 
-OWN = MeasureOptions(detail_steps=None, log=False, ranks=False)
+OWN = MeasureOptions(recording=RecordOptions(detail_steps=None), log=False, ranks=False)
 
 # A worker forked after the parent ran OpenMP-parallel ops hangs in its own (libgomp is not
 # fork-safe; a plain cell hangs as well): workers use one thread, as DataLoader workers do.
@@ -216,10 +216,10 @@ def test_a_job_left_running_does_not_hold_the_report(ranks_shell: InteractiveShe
 
 SPAWNED = """
 import json, os, torch
-from jupyter_gpumem.session import MeasureOptions, measure
+from jupyter_gpumem.session import MeasureOptions, RecordOptions, measure
 
 def allocate(rank, tmp):
-    with measure(MeasureOptions(detail_steps=None, log=False, ranks=False)) as m:
+    with measure(MeasureOptions(recording=RecordOptions(detail_steps=None), log=False, ranks=False)) as m:
         x = torch.ones(250_000 * (rank + 1))
         y = x * 2
     with open(os.path.join(tmp, f"own-{rank}.json"), "w") as f:

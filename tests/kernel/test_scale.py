@@ -16,14 +16,14 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_gpumem
-from jupyter_gpumem import ipython_state
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
+from jupyter_gpumem.held import ipython_refs
 from tests.support.cycles import cyclic_garbage
 
 CELLS = 1000
 WINDOW = 100
 PACKAGE = str(Path(jupyter_gpumem.__file__).parent)
-WARM = history.CELLS_KEPT + WINDOW  # cells after which every bounded index is full
+WARM = logbook.CELLS_KEPT + WINDOW  # cells after which every bounded index is full
 KEPT_GROWTH_BYTES = 64 * 1024  # what our code may keep beyond cell WARM: far below 1 KiB a cell
 
 
@@ -43,16 +43,16 @@ def test_per_cell_work_and_kept_memory_stay_flat_over_a_thousand_cells(
     )
     assert shell.run_cell(setup).success
     visits: list[int] = []
-    check_leaks = ipython_state.check_leaks
+    check_leaks = ipython_refs.check_leaks
 
-    def counted(*args: object, **kwargs: object) -> ipython_state.LeakCheck:
+    def counted(*args: object, **kwargs: object) -> ipython_refs.LeakCheck:
         check = check_leaks(*args, **kwargs)  # type: ignore[arg-type]
         visits.append(check.visited)
         return check
 
-    monkeypatch.setattr(ipython_state, "check_leaks", counted)
+    monkeypatch.setattr(ipython_refs, "check_leaks", counted)
     body = "x = model(torch.randn(4, 16)).sum()\nx.backward(); opt.step(); opt.zero_grad()\n"
-    history.set_limit(50)
+    logbook.set_limit(50)
     tracemalloc.start()
     try:
         for i in range(CELLS):
@@ -65,14 +65,14 @@ def test_per_cell_work_and_kept_memory_stay_flat_over_a_thousand_cells(
         kept_late = _held_by_us(tracemalloc.take_snapshot())
     finally:
         tracemalloc.stop()
-        history.set_limit(history.DEFAULT_LIMIT)
+        logbook.set_limit(logbook.DEFAULT_LIMIT)
     assert len(visits) == CELLS
     first, last = statistics.median(visits[:WINDOW]), statistics.median(visits[-WINDOW:])
     assert last <= first, f"objects visited per cell grew from {first} to {last}"
     assert kept_late - kept_early <= KEPT_GROWTH_BYTES, (kept_early, kept_late)
-    assert len(history.reports()) == 50
-    assert history.recorded() == CELLS and history.dropped() == CELLS - 50
-    assert [r.name for r in history.reports()][-1] == f"c{CELLS - 1}"
+    assert len(logbook.reports()) == 50
+    assert logbook.recorded() == CELLS and logbook.dropped() == CELLS - 50
+    assert [r.name for r in logbook.reports()][-1] == f"c{CELLS - 1}"
 
 
 @pytest.mark.parametrize("flags", ["--quiet", "", "-o r --name step"])
@@ -155,16 +155,16 @@ def test_the_limit_is_validated_and_dropping_is_said_once(
 ) -> None:
     for bad in (0, -1, 2.5, True, "10"):
         with pytest.raises(ValueError, match="at least 1"):
-            history.set_limit(bad)  # type: ignore[arg-type]
-    history.set_limit(2)
+            logbook.set_limit(bad)  # type: ignore[arg-type]
+    logbook.set_limit(2)
     try:
         for _ in range(4):
             assert shell.run_cell("%%gpumem --quiet\nx = 1").success
         said = [str(w.message) for w in recwarn if "keeps the last 2 reports" in str(w.message)]
         assert len(said) == 1
-        assert len(history.reports()) == 2
+        assert len(logbook.reports()) == 2
     finally:
-        history.set_limit(history.DEFAULT_LIMIT)
+        logbook.set_limit(logbook.DEFAULT_LIMIT)
 
 
 def test_the_cpu_source_steps_aside_after_the_first_steps(shell: InteractiveShell) -> None:

@@ -12,7 +12,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
-from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.trial import Trial
 
 techniques = pytest.importorskip("jupyter_gpumem.techniques")
 Config = techniques.Config

@@ -11,12 +11,14 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.estimate import Estimate, config_of
-from jupyter_gpumem.tuner.plan import Plan
-from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.estimation.predict import config_of
+from jupyter_gpumem.tuner.planning.plan import Plan
+from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.trial import Trial
 from jupyter_gpumem.units import SIZE_HELP, format_bytes
 from jupyter_gpumem.widgets.rank_chart import COLORS
 from jupyter_gpumem.widgets.tuner import FP16_HELP, NEEDS_TRIAL, Tuner, tune
@@ -105,7 +107,7 @@ def _trial_tuner(shell: InteractiveShell, ns: dict[str, Any], **kwargs: Any) -> 
 def _run_loop(shell: InteractiveShell, source: str = LOOP) -> Report:
     result = shell.run_cell(source, store_history=True)
     assert result.success, result.error_in_exec
-    return history.reports()[-1]
+    return logbook.reports()[-1]
 
 
 def test_trial_rows_carry_numbers_from_real_reports(
@@ -141,11 +143,11 @@ def test_rerun_of_the_gpumem_cell_appends_rows_from_its_reports(
     first = _run_loop(shell)
     tuner = tune(ns["model"], "opt", shell=shell)
     baseline = tuner.rerun()
-    assert isinstance(baseline, Report) and baseline is history.reports()[-1]
+    assert isinstance(baseline, Report) and baseline is logbook.reports()[-1]
     assert baseline.cell_key == first.cell_key
     tuner.set(Config(optimizer="sgd"))
     report = tuner.rerun()
-    assert isinstance(report, Report) and report is history.reports()[-1]
+    assert isinstance(report, Report) and report is logbook.reports()[-1]
     assert isinstance(ns["opt"], torch.optim.SGD)  # re-run applies the configuration
     base, sgd = tuner.rows
     assert (base["configuration"], sgd["configuration"]) == ("baseline", "sgd")

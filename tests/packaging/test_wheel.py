@@ -67,7 +67,9 @@ def test_wheel_ships_the_prebuilt_extension_and_server_config(wheel: Path) -> No
     assert f"{data}etc/jupyter/jupyter_server_config.d/jupyter_gpumem.json" in names
 
 
-def test_wheel_installs_and_is_enabled_without_node(wheel: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def installed(wheel: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The wheel in a fresh virtualenv with Node off PATH: its python and environment."""
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -80,6 +82,14 @@ def test_wheel_installs_and_is_enabled_without_node(wheel: Path, tmp_path: Path)
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
         check=True, env=env,
     )  # fmt: skip
+    return python, env
+
+
+def test_wheel_installs_and_is_enabled_without_node(
+    installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    python, env = installed
+    env_dir = tmp_path / "venv"
     imported = subprocess.run(
         [str(python), "-c", "import jupyter_gpumem; print(jupyter_gpumem.__file__)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
@@ -95,6 +105,20 @@ def test_wheel_installs_and_is_enabled_without_node(wheel: Path, tmp_path: Path)
     server = _run(python, "jupyter_server.extension.serverextension", "list", env=env, cwd=tmp_path)
     assert f"Config dir: {env_dir / 'etc' / 'jupyter'}\n    jupyter_gpumem enabled" in server
     assert "jupyter_gpumem 0.1.0 OK" in server
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_runs_the_quickstart_the_wheel_ships(
+    wheel: Path, installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    assert "jupyter_gpumem/quickstart.ipynb" in zipfile.ZipFile(wheel).namelist()
+    python, env = installed
+    shipped = tmp_path / "venv" / "lib"
+    out = _run(python, "jupyter_gpumem", "demo", env=env, cwd=tmp_path)
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"[1-9]\d* report\(s\) from .*/jupyter_gpumem/quickstart\.ipynb", last), out
+    assert Path(last.split(" from ")[1]).is_relative_to(shipped)
+    assert "gpumem train:" in out  # the training cell's report, printed
 
 
 def _see_outer_packages(python: Path) -> None:

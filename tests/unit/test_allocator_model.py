@@ -9,9 +9,9 @@ import pytest
 
 from jupyter_gpumem.analysis.replay import replay
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
-from jupyter_gpumem.tuner.allocator_model import CachingAllocator, segment_size
-from jupyter_gpumem.tuner.fake_peaks import cpu_peaks, cuda_peaks
-from jupyter_gpumem.tuner.fake_step import FakeRun
+from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator, segment_size
+from jupyter_gpumem.tuner.estimation.fake_peaks import cpu_peaks, cuda_peaks
+from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
 
 MiB = 1 << 20
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_trace_train_step.json"

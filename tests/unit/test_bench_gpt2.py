@@ -29,14 +29,14 @@ def _load(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def test_small_run_reports_every_configuration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jupyter_gpumem import report_log as history
+    from jupyter_gpumem import logbook
 
     bench = _load(monkeypatch)
     out = tmp_path / "results.json"
     try:
         returned = bench.main(["--small", "--rounds", "1", "--steps", "1", "--out", str(out)])
     finally:
-        history.clear()
+        logbook.clear()
     results = json.loads(out.read_text())
     assert results == json.loads(json.dumps(returned))
     assert set(results["configs"]) == set(bench.CONFIGS)

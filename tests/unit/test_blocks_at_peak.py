@@ -8,8 +8,8 @@ from pathlib import Path
 
 from jupyter_gpumem.analysis.by_module import ModuleBytes
 from jupyter_gpumem.report.record import Report, report_from_dict
-from jupyter_gpumem.tuner.blocks_at_peak import block_activations
-from jupyter_gpumem.tuner.reasoning import BLOCK_GROUPS, block_lines
+from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
+from jupyter_gpumem.tuner.planning.reasoning import BLOCK_GROUPS, block_lines
 from jupyter_gpumem.units import format_bytes
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "report_cpu_gpt_step.json"

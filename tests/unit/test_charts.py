@@ -17,8 +17,8 @@ from bqplot import Label, Lines, Scatter
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
 from jupyter_gpumem.report.svg import LEGEND_TEXT, PHASE_COLORS, SERIES_COLORS, timeline_svg
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.estimate import Estimate
-from jupyter_gpumem.tuner.trial import TrialResult
+from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.widgets.charts import TimelineFigure, timeline_figure
 from jupyter_gpumem.widgets.rank_chart import (
     COLORS,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from jupyter_gpumem.tuner.fit import fit_to_budget
+from jupyter_gpumem.tuner.planning.fit import fit_to_budget
 
 GiB = 2**30
 

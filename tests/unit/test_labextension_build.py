@@ -54,7 +54,7 @@ def test_settings_schema_offers_interval_and_units() -> None:
 
 
 def test_renderer_mime_type_is_the_kernels() -> None:
-    types_ts = (LABEXT / "src" / "types.ts").read_text(encoding="utf-8")
+    types_ts = (LABEXT / "src" / "wire" / "report.ts").read_text(encoding="utf-8")
     match = re.search(r"REPORT_MIME_TYPE = '([^']+)'", types_ts)
     assert match is not None
     assert match.group(1) == MIME_TYPE

@@ -10,7 +10,7 @@ from jupyter_gpumem.analysis.breakdown import categorize
 from jupyter_gpumem.analysis.replay import live_blocks, replay
 from jupyter_gpumem.records import ALLOCATED, BlockState, SegmentState, TraceEvent, Workspace
 from jupyter_gpumem.report.build import residue_notes
-from jupyter_gpumem.tracking import cuda, workspaces
+from jupyter_gpumem.tracking import snapshot, workspaces
 
 MiB = 2**20
 BASE = 0x7F0000000000
@@ -163,10 +163,10 @@ def test_private_pools_are_read_from_the_layout_and_the_snapshot() -> None:
         {"device": 0, "address": 40, "total_size": 8, "segment_pool_id": (1, 2), "blocks": []},
         {"device": 1, "address": 90, "total_size": 8, "segment_pool_id": (1, 2), "blocks": []},
     ]
-    segments = cuda._segments(raw, 0)
+    segments = snapshot.read_segments(raw, 0)
     assert [s.private_pool for s in segments] == [False, True]
     start = (SegmentState(20, 4, True, (), True),)
-    assert cuda._private_pools(raw, 0, start) == ((20, 4), (40, 8))
+    assert snapshot.private_pools(raw, 0, start) == ((20, 4), (40, 8))
     pools = lm.LibraryMemory(private_pools=((20, 4), (40, 8)))
     assert [pools.in_pool(a) for a in (19, 20, 23, 24, 47, 48)] == [
         False, True, True, False, True, False,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem.namespace_scan import SCAN_BUDGET, NamespaceScan
-from jupyter_gpumem.tensor_walk import LARGE
+from jupyter_gpumem.held.namespace_scan import SCAN_BUDGET, NamespaceScan
+from jupyter_gpumem.held.tensor_walk import LARGE
 
 torch = pytest.importorskip("torch")
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpumem.tensor_walk import LARGE, Key, Walker, sample
+from jupyter_gpumem.held.tensor_walk import LARGE, Key, Walker, sample
 
 SCAN_BUDGET = 500  # objects visited per cell: about 3 ms on a 2-core host
 SAY_SAMPLED = 10_000  # a container judged by a sample is named in the notes from this size

@@ -2,7 +2,7 @@
 
 On a GPU the trial's peak is the allocator's counter: every block on the device, rounded and
 split by the caching allocator, the blocks the trial finds there included. So the fake run's
-allocations are handed to :class:`~jupyter_gpumem.tuner.allocator_model.CachingAllocator`,
+allocations are handed to :class:`~jupyter_gpumem.tuner.estimation.allocator_model.CachingAllocator`,
 started from the device's real layout as the trial will find it (the user's gradients and
 optimizer state freed, empty segments released, as ``Trial`` does before its first step), and
 the trace it writes is replayed by :func:`~jupyter_gpumem.analysis.replay.replay` and
@@ -28,8 +28,8 @@ from typing import Any
 from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
-from jupyter_gpumem.tuner.allocator_model import CachingAllocator
-from jupyter_gpumem.tuner.fake_step import FakeRun
+from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
+from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
 
 _MODELLED_CONF = ("expandable_segments", "max_split_size_mb", "roundup_power2", "cudaMallocAsync")
 

@@ -1,10 +1,10 @@
 """Per-rank estimates of a parallel configuration, made in one process with no GPU work.
 
-Each rank is played in turn in a fake process group (:mod:`~jupyter_gpumem.tuner.fake_group`):
+Each rank is played in turn in a fake process group (:mod:`~jupyter_gpumem.tuner.estimation.fake_group`):
 the trial's step runs on fake tensors of a copy of the model, which the rank's strategy wraps
-or shards (:mod:`~jupyter_gpumem.tuner.fake_step`), and its storages go through the same
+or shards (:mod:`~jupyter_gpumem.tuner.estimation.fake_step`), and its storages go through the same
 allocator model and breakdown as a one-process estimate
-(:mod:`~jupyter_gpumem.tuner.fake_peaks`). Communication buffers (FSDP2's all-gather and
+(:mod:`~jupyter_gpumem.tuner.estimation.fake_peaks`). Communication buffers (FSDP2's all-gather and
 reduce-scatter buffers, DDP's buckets) are told by the code that allocated them, as in a
 measured report. Ranks whose shards have the same sizes are played once: every DDP rank, and
 every FSDP2 rank but those holding a shorter or empty last piece of some parameter.
@@ -25,13 +25,15 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
-
-if TYPE_CHECKING:
-    from jupyter_gpumem.tuner.estimate import Estimate
-    from jupyter_gpumem.tuner.trial import Trial
+from jupyter_gpumem.tracking.ranks import stop_inherited
+from jupyter_gpumem.tuner.estimation import fake_peaks
+from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
+from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
+from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.workload import Workload
 
 NO_WORKSPACES = (
     "CUDA was initialised in this kernel before, so the ranks were estimated here from an "
@@ -40,7 +42,7 @@ NO_WORKSPACES = (
 
 
 def estimate_ranks(
-    trial: Trial,
+    workload: Workload,
     config: Config,
     *,
     batch: Any = None,
@@ -51,19 +53,19 @@ def estimate_ranks(
     import torch
 
     t0 = time.perf_counter()
-    device = trial.device
+    device = workload.device
     kwargs = {"batch": batch, "make_batch": make_batch, "batch_size": batch_size}
     if device.type == "cuda" and not torch.cuda.is_initialized():
-        ranks, caught = _forked(lambda: _ranks(trial, config, fresh=True, **kwargs))
+        ranks, caught = _forked(lambda: _ranks(workload, config, fresh=True, **kwargs))
         for message in caught:
             warnings.warn(message, stacklevel=3)
     else:
-        ranks = _ranks(trial, config, fresh=False, **kwargs)
+        ranks = _ranks(workload, config, fresh=False, **kwargs)
     return _worst(config, ranks, time.perf_counter() - t0)
 
 
 def _ranks(
-    trial: Trial,
+    workload: Workload,
     config: Config,
     *,
     fresh: bool,
@@ -73,21 +75,16 @@ def _ranks(
 ) -> list[Estimate]:
     import torch
 
-    from jupyter_gpumem.tuner import fake_peaks
-    from jupyter_gpumem.tuner.estimate import unavailable
-    from jupyter_gpumem.tuner.fake_group import fake_rank
-    from jupyter_gpumem.tuner.fake_step import Unfakeable, run_fake
-
-    device = trial.device
+    device = workload.device
     cuda = device.type == "cuda"
     facts = fake_peaks.device_facts(torch, device) if cuda and fresh else None
     # DDP makes its buckets anew in the second forward: the fake steps reach it where the
     # trial's warm-up does
-    warmup = min(trial.warmup, 2)
+    warmup = min(workload.warmup, 2)
     played: dict[tuple[int, ...], Estimate] = {}
     out: list[Estimate] = []
     for rank in range(config.world_size):
-        key = shard_sizes(trial.model, config, rank)
+        key = shard_sizes(workload.model, config, rank)
         if key in played:
             out.append(replace(played[key], rank=rank))
             continue
@@ -95,15 +92,15 @@ def _ranks(
         try:
             with fake_rank(rank, config.world_size):
                 run = run_fake(
-                    trial.model,
-                    trial.optimizer,
-                    trial.loss_fn,
+                    workload.model,
+                    workload.optimizer,
+                    workload.loss_fn,
                     device,
                     config,
-                    batch=trial.batch if batch is None else batch,
+                    batch=workload.batch if batch is None else batch,
                     make_batch=make_batch,
                     warmup=warmup,
-                    steps=1 if warmup else min(trial.steps, 2),
+                    steps=1 if warmup else min(workload.steps, 2),
                 )
         except Unfakeable as exc:
             out.append(
@@ -123,8 +120,6 @@ def _ranks(
                 notes.append(NO_WORKSPACES)
         else:
             peaks = fake_peaks.cpu_peaks(run)
-        from jupyter_gpumem.tuner.estimate import Estimate
-
         found = Estimate(
             label=str(config),
             device=str(device),
@@ -173,8 +168,6 @@ def _worst(config: Config, ranks: list[Estimate], wall_s: float) -> Estimate:
 
 def _forked(work: Callable[[], Any]) -> tuple[Any, list[str]]:
     """``work()`` in a forked child, its result (or its error, raised here) and its warnings."""
-    from jupyter_gpumem.tracking.ranks import stop_inherited
-
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns

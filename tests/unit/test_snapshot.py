@@ -10,7 +10,7 @@ from jupyter_gpumem.analysis.breakdown import categorize
 from jupyter_gpumem.analysis.library_memory import LibraryMemory
 from jupyter_gpumem.analysis.replay import live_blocks
 from jupyter_gpumem.records import NamedStorage, Workspace
-from jupyter_gpumem.tracking import cuda
+from jupyter_gpumem.tracking import snapshot
 from tests.support.cycles import collected
 
 MiB = 2**20
@@ -72,7 +72,7 @@ def _named(raw: list[dict[str, Any]]) -> dict[int, NamedStorage]:
 
 def test_held_segments_count_from_the_snapshots_totals_as_block_by_block() -> None:
     raw = _raw()
-    held = cuda._segments(raw, 0)
+    held = snapshot.read_segments(raw, 0)
     named = _named(raw)
     split = categorize((), (), (), (), named, held=held, library=LIBRARY)
     # read block by block: the segments holding a named storage or as much as a workspace
@@ -87,7 +87,7 @@ def test_held_segments_count_from_the_snapshots_totals_as_block_by_block() -> No
 
 def test_a_segment_unchanged_since_the_last_read_is_not_read_again() -> None:
     raw = _raw()
-    first = cuda._segments(raw, 0)
+    first = snapshot.read_segments(raw, 0)
     named = _named(raw)
     before = categorize((), (), (), (), named, held=first, library=LIBRARY)
 
@@ -97,7 +97,7 @@ def test_a_segment_unchanged_since_the_last_read_is_not_read_again() -> None:
     moved["allocated_size"] -= moved["blocks"][0]["size"]
     moved["active_size"] -= moved["blocks"][0]["size"]
     moved["requested_size"] -= moved["blocks"][0]["requested_size"]
-    second = cuda._segments(again, 0)
+    second = snapshot.read_segments(again, 0)
     after = categorize((), (), (), (), named, held=second, library=LIBRARY)
 
     reused = [
@@ -111,17 +111,17 @@ def test_a_segment_unchanged_since_the_last_read_is_not_read_again() -> None:
 
 def test_a_read_forgets_the_segments_it_no_longer_has() -> None:
     raw = _raw()
-    first = cuda._segments(raw, 0)
+    first = snapshot.read_segments(raw, 0)
     kept = first[0].allocated_summary()
-    cuda._segments(raw[1:], 0)  # the first segment was released
-    back = cuda._segments(copy.deepcopy(raw), 0)
+    snapshot.read_segments(raw[1:], 0)  # the first segment was released
+    back = snapshot.read_segments(copy.deepcopy(raw), 0)
     assert back[0].allocated_summary() is not kept
     assert back[1].allocated_summary() is first[1].allocated_summary()
 
 
 def test_blocks_awaiting_their_streams_are_counted_block_by_block() -> None:
     raw = [_segment(BASE, [1000, 2000, 3000], pending=1)]
-    held = cuda._segments(raw, 0)
+    held = snapshot.read_segments(raw, 0)
     summary = held[0].allocated_summary()
     assert raw[0]["requested_size"] == 6000  # the snapshot's total counts the pending block
     assert (summary.size, summary.requested) == (2048 + 3072, 5000)
@@ -130,10 +130,10 @@ def test_blocks_awaiting_their_streams_are_counted_block_by_block() -> None:
 def test_a_layout_and_its_summaries_go_without_the_cycle_collector() -> None:
     def read_twice() -> None:
         raw = _raw()
-        first = cuda._segments(raw, 0)
+        first = snapshot.read_segments(raw, 0)
         categorize((), (), (), (), _named(raw), held=first, library=LIBRARY)
-        second = cuda._segments(copy.deepcopy(raw), 0)  # the summaries kept, reused
+        second = snapshot.read_segments(copy.deepcopy(raw), 0)  # the summaries kept, reused
         categorize((), (), (), (), _named(raw), held=second, library=LIBRARY)
-        cuda.SUMMARIES.clear()
+        snapshot.SUMMARIES.clear()
 
     assert collected(read_twice) == {}

@@ -15,11 +15,11 @@ import shlex
 import stat
 import unicodedata
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from IPython.core.error import UsageError
 
-from jupyter_gpumem.session import MeasureOptions
+from jupyter_gpumem.session import MeasureOptions, RecordOptions
 from jupyter_gpumem.units import SIZE_HELP, parse_size
 
 CELL_USAGE = (
@@ -57,29 +57,11 @@ VARIABLE_HELP = (
 
 @dataclass(frozen=True)
 class Options:
-    """`%%gpumem` options after validation."""
+    """`%%gpumem` options after validation: what is measured, and where the report goes."""
 
-    output: str | None = None
-    name: str | None = None
-    devices: tuple[int, ...] | None = None
-    all_devices: bool = False
-    budget_bytes: int | None = None
-    snapshot: str | None = None
-    trace: bool = True
+    measuring: MeasureOptions = field(default_factory=MeasureOptions)
+    output: str | None = None  # the variable that receives the report
     quiet: bool = False
-    top: int = 10
-
-    def measuring(self) -> MeasureOptions:
-        """The options that decide what is recorded and reported."""
-        return MeasureOptions(
-            name=self.name,
-            budget_bytes=self.budget_bytes,
-            top=self.top,
-            trace=self.trace,
-            devices=self.devices,
-            all_devices=self.all_devices,
-            snapshot_path=self.snapshot,
-        )
 
 
 def split_words(line: str, usage: str) -> list[str]:
@@ -115,17 +97,16 @@ def parse_options(line: str, *, reserved: Collection[str] = ()) -> Options:
             )
         snapshot = _snapshot_path(snapshot)
     top = given.get("--top")
-    return Options(
-        output=output,
-        name=name,
-        devices=devices,
-        all_devices=all_devices,
-        budget_bytes=budget,
-        snapshot=snapshot,
-        trace=trace,
-        quiet="--quiet" in given,
-        top=10 if top is None else _top(top),
+    recording = RecordOptions(
+        trace=trace, devices=devices, all_devices=all_devices, snapshot_path=snapshot
     )
+    measuring = MeasureOptions(
+        name=name,
+        budget_bytes=budget,
+        top=10 if top is None else _top(top),
+        recording=recording,
+    )
+    return Options(measuring, output=output, quiet="--quiet" in given)
 
 
 def check_variable(name: str, reserved: Collection[str] = ()) -> None:

@@ -10,7 +10,7 @@ much the kernel holds, and says in its notes what it could not look at.
 
 Known limitations:
     - Tensors are found by walking containers and object ``__dict__``s (bounded depth and
-      count; see :mod:`jupyter_gpumem.tensor_walk`); large containers are judged by a sample.
+      count; see :mod:`jupyter_gpumem.held.tensor_walk`); large containers are judged by a sample.
     - Bytes are those of distinct storages, not the allocator's rounded blocks; a hint
       counts only storages that the user namespace does not also reference.
     - The autograd estimate counts saved tensors (``_raw_saved_*``, read without running
@@ -32,8 +32,8 @@ from typing import Any
 
 from jupyter_gpumem.analysis import leak_hints as analysis
 from jupyter_gpumem.analysis.leak_hints import Freed, LeakHint
-from jupyter_gpumem.namespace_scan import NamespaceScan, NamespaceView
-from jupyter_gpumem.tensor_walk import Key, Walker
+from jupyter_gpumem.held.namespace_scan import NamespaceScan, NamespaceView
+from jupyter_gpumem.held.tensor_walk import Key, Walker
 from jupyter_gpumem.tracking.held_state import HELD
 
 __all__ = [

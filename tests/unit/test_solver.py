@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from jupyter_gpumem.tuner.solver import MAX_FRONT, BlockCost, PeakModel, calibrated, solve
+from jupyter_gpumem.tuner.planning.solver import MAX_FRONT, BlockCost, PeakModel, calibrated, solve
 
 MiB = 2**20
 

@@ -16,35 +16,12 @@ Known limitations:
 from __future__ import annotations
 
 import copy
-import functools
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from jupyter_gpumem.tuner.fake_step import StorageLog
-
-
-def tensors_in(obj: Any, tensor: type, into: list[Any]) -> list[Any]:
-    """Tensors in ``obj`` and its nested tuples, lists and dict values."""
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if not isinstance(obj, (tuple, list)):
-        return into
-    for item in obj:
-        if isinstance(item, tensor):
-            into.append(item)
-        elif isinstance(item, (tuple, list, dict)):
-            tensors_in(item, tensor, into)
-    return into
-
-
-@functools.cache
-def fake_class() -> type:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return FakeTensor
+from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, fake_class
 
 
 class Faker:

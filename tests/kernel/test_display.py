@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem import frontend
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
+from jupyter_gpumem.ipython import display
 from jupyter_gpumem.report.record import MIME_TYPE, DeviceReport, Report
 
 TIMELINE = Timeline(
@@ -90,14 +90,14 @@ def comms(monkeypatch: pytest.MonkeyPatch) -> list[FakeComm]:
 
 
 def test_the_bundle_has_one_timeline_unless_a_widget_view_is_asked_for() -> None:
-    plain = frontend.bundle(_report(), widget=False)
+    plain = display.bundle(_report(), widget=False)
     assert set(plain) == {"text/plain", "text/html", MIME_TYPE}
     assert plain["text/html"].count("<svg") == 1
     assert plain[MIME_TYPE]["main_device"] == "cuda:0"
     assert plain[MIME_TYPE]["over_budget"] is False
 
-    with_widget = frontend.bundle(_report(), widget=True)
-    view = with_widget[frontend.WIDGET_VIEW]
+    with_widget = display.bundle(_report(), widget=True)
+    view = with_widget[display.WIDGET_VIEW]
     import ipywidgets as widgets
 
     box = widgets.widget._instances[view["model_id"]]
@@ -107,10 +107,10 @@ def test_the_bundle_has_one_timeline_unless_a_widget_view_is_asked_for() -> None
 
 
 def test_our_renderer_answers_and_no_widget_is_made(comms: list[FakeComm]) -> None:
-    state = frontend.Frontend()
+    state = display.Frontend()
     state.ask(Shell())
     (comm,) = comms
-    assert comm.kwargs["target_name"] == frontend.COMM_TARGET
+    assert comm.kwargs["target_name"] == display.COMM_TARGET
     assert state.renderer is None
     comm.on_msg_cb({"content": {"data": {"renderer": MIME_TYPE}}})
     assert state.renderer is True
@@ -123,14 +123,14 @@ def test_our_renderer_answers_and_no_widget_is_made(comms: list[FakeComm]) -> No
 
 
 def test_a_front_end_without_our_renderer_closes_the_comm(comms: list[FakeComm]) -> None:
-    state = frontend.Frontend()
+    state = display.Frontend()
     state.ask(Shell())
     comms[0].on_close_cb({})
     assert state.renderer is False
 
 
 def test_plain_ipython_asks_nothing(comms: list[FakeComm]) -> None:
-    state = frontend.Frontend()
+    state = display.Frontend()
     state.ask(object())
     assert comms == [] and state.renderer is None
 
@@ -139,19 +139,19 @@ def test_show_adds_the_widget_view_only_where_our_renderer_is_absent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     shown: list[dict[str, Any]] = []
-    monkeypatch.setattr(frontend, "display", lambda data, raw: shown.append(data))
+    monkeypatch.setattr(display, "display", lambda data, raw: shown.append(data))
     for renderer in (None, True, False):
-        monkeypatch.setattr(frontend.FRONTEND, "renderer", renderer)
-        frontend.show(_report(), Shell())
-    assert [frontend.WIDGET_VIEW in data for data in shown] == [False, False, True]
+        monkeypatch.setattr(display.FRONTEND, "renderer", renderer)
+        display.show(_report(), Shell())
+    assert [display.WIDGET_VIEW in data for data in shown] == [False, False, True]
     assert all(MIME_TYPE in data and "text/html" in data for data in shown)
 
 
 def test_show_without_bqplot_falls_back_to_the_svg(monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[dict[str, Any]] = []
-    monkeypatch.setattr(frontend, "display", lambda data, raw: shown.append(data))
-    monkeypatch.setattr(frontend.FRONTEND, "renderer", False)
+    monkeypatch.setattr(display, "display", lambda data, raw: shown.append(data))
+    monkeypatch.setattr(display.FRONTEND, "renderer", False)
     monkeypatch.setitem(sys.modules, "bqplot", None)  # importing it raises ImportError
     monkeypatch.delitem(sys.modules, "jupyter_gpumem.widgets.charts", raising=False)
-    frontend.show(_report(), Shell())
-    assert frontend.WIDGET_VIEW not in shown[0] and "<svg" in shown[0]["text/html"]
+    display.show(_report(), Shell())
+    assert display.WIDGET_VIEW not in shown[0] and "<svg" in shown[0]["text/html"]

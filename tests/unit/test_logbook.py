@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from jupyter_gpumem import report_log as history
+from jupyter_gpumem import logbook
 from jupyter_gpumem.report.record import DeviceReport, Report
 
 MiB = 2**20
@@ -30,22 +30,22 @@ def _report(**kw: object) -> Report:
 
 @pytest.fixture(autouse=True)
 def _empty() -> Iterator[None]:
-    history.clear()
+    logbook.clear()
     yield
-    history.clear()
+    logbook.clear()
 
 
 def test_empty_history_says_so() -> None:
-    assert str(history.summary()) == "No %%gpumem reports in this kernel yet."
-    assert "No %%gpumem reports" in history.summary()._repr_html_()
+    assert str(logbook.summary()) == "No %%gpumem reports in this kernel yet."
+    assert "No %%gpumem reports" in logbook.summary()._repr_html_()
 
 
 def test_one_short_row_per_cell_with_units() -> None:
-    history.record(_report())
-    history.record(
+    logbook.keep(_report())
+    logbook.keep(
         _report(name=None, execution_count=4, wall_s=2.5, devices=(replace(CPU, peak_phase=None),))
     )
-    assert str(history.summary()) == "\n".join(
+    assert str(logbook.summary()) == "\n".join(
         [
             "#  name       peak  reserved  peak at             wall",
             "3  train  5.67 MiB  5.67 MiB  backward, step 1  421 ms",
@@ -55,13 +55,13 @@ def test_one_short_row_per_cell_with_units() -> None:
 
 
 def test_status_and_device_columns_appear_only_when_they_vary() -> None:
-    history.record(_report())
+    logbook.keep(_report())
     gpu = replace(
         CPU, device="cuda:0", peak_allocated_bytes=3 * 2**30, peak_reserved_bytes=4 * 2**30
     )
-    history.record(_report(name="oom <b>", status="oom", devices=(gpu,)))
-    history.record(_report(name="no torch", devices=()))
-    shown = history.summary()
+    logbook.keep(_report(name="oom <b>", status="oom", devices=(gpu,)))
+    logbook.keep(_report(name="no torch", devices=()))
+    shown = logbook.summary()
     assert str(shown) == "\n".join(
         [
             "#  name      status  device      peak  reserved  peak at             wall",
@@ -77,6 +77,6 @@ def test_status_and_device_columns_appear_only_when_they_vary() -> None:
 
 
 def test_the_full_frame_is_still_there() -> None:
-    history.record(_report())
-    frame = history.to_dataframe()
-    assert len(frame.columns) == len(history.COLUMNS) and frame["id"][0] == "0f" * 16
+    logbook.keep(_report())
+    frame = logbook.to_dataframe()
+    assert len(frame.columns) == len(logbook.COLUMNS) and frame["id"][0] == "0f" * 16

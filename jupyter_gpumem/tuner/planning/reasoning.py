@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.profile import StepProfile
-from jupyter_gpumem.tuner.solver import PeakModel
-from jupyter_gpumem.tuner.trial import TrialResult
+from jupyter_gpumem.tuner.planning.profile import StepProfile
+from jupyter_gpumem.tuner.planning.solver import PeakModel
+from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import math
 import sys
 import warnings
 from typing import Any
@@ -18,10 +17,17 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from jupyter_gpumem import cell_run, frontend
-from jupyter_gpumem import report_log as history
-from jupyter_gpumem.cell_options import CELL_HELP, CELL_USAGE, Options, parse_options, split_words
-from jupyter_gpumem.collector import pausing
+from jupyter_gpumem import logbook
+from jupyter_gpumem.gc_pause import pausing
+from jupyter_gpumem.ipython import cell_run, display
+from jupyter_gpumem.ipython.cell_options import (
+    CELL_HELP,
+    CELL_USAGE,
+    Options,
+    parse_options,
+    split_words,
+)
+from jupyter_gpumem.ipython.monitor_options import MONITOR_USAGE, parse_monitor
 from jupyter_gpumem.report import text
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.session import Measurement
@@ -90,9 +96,9 @@ class GpuMemMagics(Magics):
         # leading blank lines that IPython strips before compiling.
         lines = body.raw.split("\n")
         offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
-        key = opts.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
+        key = opts.measuring.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
         measurement = Measurement(
-            opts.measuring(),
+            opts.measuring,
             shell.user_ns,
             shell=shell,
             execution_count=count,
@@ -112,7 +118,7 @@ class GpuMemMagics(Magics):
             self._finish(measurement, opts, error)
         cell_run.fail(shell, running, outcome)
 
-    @pausing  # the analysis and its display: see jupyter_gpumem.collector
+    @pausing  # the analysis and its display: see jupyter_gpumem.gc_pause
     def _finish(self, measurement: Measurement, opts: Options, error: BaseException | None) -> None:
         report = measurement.finish(error)
         if report is None:
@@ -126,7 +132,7 @@ class GpuMemMagics(Magics):
             for w in text.warnings(report):
                 warnings.warn(w, stacklevel=2)
             return
-        frontend.show(report, self.shell)
+        display.show(report, self.shell)
 
     def _check_devices(self, opts: Options) -> None:
         missing = _missing_device(opts)
@@ -149,8 +155,8 @@ class GpuMemMagics(Magics):
         if command == "status":
             return _status()
         if command == "history":
-            return history.summary()
-        from jupyter_gpumem.ipython_state import release
+            return logbook.summary()
+        from jupyter_gpumem.held.ipython_refs import release
 
         print(release(self.shell))
         return None
@@ -158,31 +164,13 @@ class GpuMemMagics(Magics):
 
 def _monitor(words: list[str]) -> Any:
     """`%gpumem monitor [--interval S] [--device N ...]`: the live NVML gauge widget."""
-    from jupyter_gpumem.widgets.monitor import show
+    from jupyter_gpumem.widgets.monitor import show  # imports bqplot
 
-    usage = "usage: %gpumem monitor [--interval SECONDS (>= 0.25)] [--device N ...]"
-    interval_s: float | None = None
-    devices: list[int] = []
-    it = iter(words)
-    for word in it:
-        value = next(it, None)
-        try:
-            if word == "--interval" and value is not None and interval_s is None:
-                interval_s = float(value)
-                if not math.isfinite(interval_s):
-                    raise ValueError(value)
-            elif word == "--device" and value is not None:
-                devices.append(int(value))
-            else:
-                raise ValueError(word)
-        except ValueError:
-            raise UsageError(
-                f"%gpumem monitor: bad argument {word!r} {value or ''}\n{usage}"
-            ) from None
+    options = parse_monitor(words)
     try:
-        return show(1.0 if interval_s is None else interval_s, devices or None)
+        return show(options.interval_s, options.devices)
     except ValueError as exc:
-        raise UsageError(f"%gpumem monitor: {exc}\n{usage}") from None
+        raise UsageError(f"%gpumem monitor: {exc}\n{MONITOR_USAGE}") from None
 
 
 def _visible_devices(torch: Any) -> int | None:
@@ -197,10 +185,11 @@ def _visible_devices(torch: Any) -> int | None:
 def _missing_device(opts: Options) -> str | None:
     """What is wrong with ``--device N`` if this process can tell, without starting CUDA."""
     torch = sys.modules.get("torch")
-    if opts.devices is None or torch is None:
+    devices = opts.measuring.recording.devices
+    if devices is None or torch is None:
         return None
     count = _visible_devices(torch)
-    index = opts.devices[0]
+    index = devices[0]
     if count is None or index < count:
         return None
     if count == 0:
@@ -239,7 +228,7 @@ def _import_torch_first(tree: ast.Module) -> None:
 
 def _status() -> None:
     torch = sys.modules.get("torch")
-    reports: list[Report] = history.reports()
+    reports: list[Report] = logbook.reports()
     cuda = "torch not imported yet"
     if torch is not None:
         cuda = (
@@ -270,7 +259,7 @@ def load(shell: InteractiveShell) -> None:
     COUNTERS.install()
     HELD.install()
     shell.events.register("post_run_cell", _install_guard)
-    frontend.FRONTEND.ask(shell)
+    display.FRONTEND.ask(shell)
 
 
 def unload(shell: InteractiveShell) -> None:
@@ -292,7 +281,7 @@ def unload(shell: InteractiveShell) -> None:
     HELD.uninstall()
     EDITS.uninstall()
     NAMED.clear()
-    frontend.FRONTEND.forget()
+    display.FRONTEND.forget()
 
 
 def _install_guard(result: Any = None) -> None:

@@ -8,7 +8,7 @@ One step of a trial's model runs with two instruments on the candidate blocks:
   block keeps instead of its activations) and its forward time (CUDA events on a GPU, the
   clock on the CPU): the cost of recomputing it in backward.
 
-The step runs inside its own :class:`~jupyter_gpumem.tuner.trial.Trial` (one warm-up step,
+The step runs as a run of its own (:func:`~jupyter_gpumem.tuner.runner.run_once`: one warm-up step,
 then the profiled one), so the model, optimizer and random state come back as they were.
 
 Known limitations:
@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from jupyter_gpumem.tuner.trial import LossFn, Trial, TrialResult
+from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.runner import run_once
+from jupyter_gpumem.tuner.workload import LossFn, Workload
 
 if TYPE_CHECKING:
     from jupyter_gpumem.techniques import Config
@@ -202,8 +204,8 @@ class _Probe:
         return StepProfile(tuple(found), outside, shared, unused, result)
 
 
-def profile_step(trial: Trial, names: Sequence[str], config: Config) -> StepProfile:
-    """Profile the blocks ``names`` over one step of ``trial``'s model under ``config``.
+def profile_step(workload: Workload, names: Sequence[str], config: Config) -> StepProfile:
+    """Profile the blocks ``names`` over one step of ``workload``'s model under ``config``.
 
     ``config`` must not checkpoint: a checkpointed block saves nothing the hooks could see.
     The profiled step is the second of two, so that allocator growth and one-time set-up
@@ -211,17 +213,8 @@ def profile_step(trial: Trial, names: Sequence[str], config: Config) -> StepProf
     """
     if config.checkpoint is not None:
         raise ValueError("profile_step needs a configuration without checkpointing")
-    probe = _Probe(names, trial.loss_fn)
-    runner = Trial(
-        trial.model,
-        trial.batch,
-        probe.loss_fn,
-        optimizer=trial.optimizer,
-        warmup=1,
-        steps=1,
-        device=trial.device,
-    )
-    result = runner.run(config)
+    probe = _Probe(names, workload.loss_fn)
+    result = run_once(replace(workload, loss_fn=probe.loss_fn, warmup=1, steps=1), config)
     return probe.profile(result)
 
 

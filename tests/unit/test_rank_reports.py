@@ -10,8 +10,8 @@ from jupyter_gpumem.analysis.attribution import OomInfo
 from jupyter_gpumem.analysis.breakdown import TensorRecord
 from jupyter_gpumem.analysis.leak_hints import graph_hint
 from jupyter_gpumem.analysis.timeline import PhaseBand, Timeline
-from jupyter_gpumem.rank_reports import _silent, load_reports, with_ranks
 from jupyter_gpumem.report.record import MIME_TYPE, DeviceReport, Report, report_from_dict
+from jupyter_gpumem.workers.rank_reports import _silent, load_reports, with_ranks
 
 GiB, MiB = 2**30, 2**20
 

@@ -14,10 +14,10 @@ What is measured (each with the trial's warm-up and steps, through the same reco
 - every block checkpointed, and the first half of them, under each precision that needs
   checkpointing to fit;
 - one profiled step per such precision: per block, the activation bytes that checkpointing
-  it frees and its forward time (:mod:`jupyter_gpumem.tuner.profile`).
+  it frees and its forward time (:mod:`jupyter_gpumem.tuner.planning.profile`).
 
 The checkpointed blocks come from an exact solver over a calibrated peak model
-(:mod:`jupyter_gpumem.tuner.solver`), one per precision and optimizer. An optimizer's effect
+(:mod:`jupyter_gpumem.tuner.planning.solver`), one per precision and optimizer. An optimizer's effect
 is taken as measured with the model's own precision, its state scaled by the parameters'
 size under the other precisions. Step times within ``TIE`` of the least count as equal, and
 then the plan that changes fewer things wins: a technique is not switched for noise.
@@ -31,7 +31,7 @@ Known limitations:
 
 - Blocks are checkpointed whole; candidates are the model's repeated blocks ("blocks").
 - The model of the peak assumes blocks run one after another, each once per step.
-- Measurements are kept per Trial and batch; build a new Trial after changing the model.
+- Measurements are kept per trial and batch; build a new Trial after changing the model.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from typing import Any
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
-from jupyter_gpumem.tuner.blocks_at_peak import block_activations
-from jupyter_gpumem.tuner.profile import StepProfile, profile_step
-from jupyter_gpumem.tuner.reasoning import (
+from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
+from jupyter_gpumem.tuner.planning.profile import StepProfile, profile_step
+from jupyter_gpumem.tuner.planning.reasoning import (
     Option,
     block_lines,
     choice_lines,
@@ -62,8 +62,9 @@ from jupyter_gpumem.tuner.reasoning import (
     verified_line,
     why,
 )
-from jupyter_gpumem.tuner.solver import BlockCost, PeakModel, calibrated, solve
-from jupyter_gpumem.tuner.trial import Trial, TrialResult
+from jupyter_gpumem.tuner.planning.solver import BlockCost, PeakModel, calibrated, solve
+from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.runner import Measures
 from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
 
 __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
@@ -97,7 +98,7 @@ class Plan:
     baseline: TrialResult | None = field(default=None, repr=False, compare=False)
     # every block checkpointed, under the plan's precision: measured when the plan needed it
     all_checkpointed: TrialResult | None = field(default=None, repr=False, compare=False)
-    trial: Trial | None = field(default=None, repr=False, compare=False)
+    trial: Measures | None = field(default=None, repr=False, compare=False)
 
     @property
     def config(self) -> Config:
@@ -161,18 +162,24 @@ class _Store:
     profiles: dict[str | None, StepProfile] = field(default_factory=dict)
 
 
-_STORES: weakref.WeakKeyDictionary[Trial, _Store] = weakref.WeakKeyDictionary()
+_STORES: weakref.WeakKeyDictionary[Measures, _Store] = weakref.WeakKeyDictionary()
 
 
-def _store(trial: Trial, candidates: tuple[str, ...]) -> _Store:
-    key = (id(trial.batch), candidates, trial.warmup, trial.steps, id(trial.optimizer))
+def _store(trial: Measures, candidates: tuple[str, ...]) -> _Store:
+    key = (
+        id(trial.workload.batch),
+        candidates,
+        trial.workload.warmup,
+        trial.workload.steps,
+        id(trial.workload.optimizer),
+    )
     store = _STORES.get(trial)
     if store is None or store.key != key:
         store = _STORES[trial] = _Store(key)
     return store
 
 
-def _measure(trial: Trial, store: _Store, configs: list[Config], progress: Progress) -> None:
+def _measure(trial: Measures, store: _Store, configs: list[Config], progress: Progress) -> None:
     missing = [c for c in dict.fromkeys(configs) if c not in store.results]
     if not missing:
         return
@@ -187,7 +194,7 @@ def _measure(trial: Trial, store: _Store, configs: list[Config], progress: Progr
 
 
 def _profile(
-    trial: Trial,
+    trial: Measures,
     store: _Store,
     candidates: tuple[str, ...],
     precision: str | None,
@@ -195,13 +202,15 @@ def _profile(
 ) -> StepProfile:
     if precision not in store.profiles:
         progress(f"profiling the blocks ({precision or 'as is'})")
-        store.profiles[precision] = profile_step(trial, candidates, Config(precision=precision))
+        store.profiles[precision] = profile_step(
+            trial.workload, candidates, Config(precision=precision)
+        )
     return store.profiles[precision]
 
 
 # -- planning ---------------------------------------------------------------------------------
 def plan(
-    trial: Trial,
+    trial: Measures,
     budget: int | str,
     techniques: Sequence[str] = TECHNIQUES,
     *,
@@ -217,7 +226,7 @@ def plan(
     budget_bytes = _budget(budget)
     allowed = _techniques(techniques)
     say = progress or (lambda _: None)
-    model = trial.model
+    model = trial.workload.model
     lines = [f"Budget: {format_bytes(budget_bytes)}."]
     candidates: tuple[str, ...] = ()
     if "checkpoint" in allowed:
@@ -230,7 +239,7 @@ def plan(
         precisions += [p for p in PRECISIONS if p != now]  # "fp32" of an fp32 model is as is
     optimizers: list[str | None] = [None]
     if "optimizer" in allowed:
-        now = optimizer_name(trial.optimizer)
+        now = optimizer_name(trial.workload.optimizer)
         optimizers += [o for o in OPTIMIZERS if o != now]
     store = _store(trial, candidates)
 
@@ -324,7 +333,7 @@ def plan(
     if tie_note:
         lines.append(tie_note)
     if chosen.optimizer is not None:
-        lines.append(optimizer_note(chosen.optimizer, optimizer_name(trial.optimizer)))
+        lines.append(optimizer_note(chosen.optimizer, optimizer_name(trial.workload.optimizer)))
     lines.extend(left_out)
     return Plan(
         budget_bytes,
@@ -402,7 +411,7 @@ def _option(
 
 
 def fit_plan(
-    trial: Trial,
+    trial: Measures,
     budget: int | str,
     techniques: Sequence[str] = TECHNIQUES,
     *,

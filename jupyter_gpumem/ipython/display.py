@@ -7,7 +7,7 @@ carries a widget view: the report's HTML with the timeline as a bqplot figure. E
 end picks the one it draws best, so none shows two timelines.
 
 Whether our renderer is there is asked once per kernel: loading the extension opens a
-comm to the target ``jupyter_gpumem.frontend``, which our labextension registers and
+comm to the target ``jupyter_gpumem.frontend`` (its name predates this module), which our labextension registers and
 answers; a front end without it closes the comm. Until an answer comes (or with no front
 end at all, as under nbconvert) no widget is made, so bqplot is imported only where a
 widget view is shown.
@@ -25,7 +25,7 @@ from jupyter_gpumem.report.record import Report
 
 log = logging.getLogger(__name__)
 
-COMM_TARGET = "jupyter_gpumem.frontend"
+COMM_TARGET = "jupyter_gpumem.frontend"  # answered by the labextension: part of the wire format
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 

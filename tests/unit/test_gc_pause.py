@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from jupyter_gpumem.collector import paused, pausing
+from jupyter_gpumem.gc_pause import paused, pausing
 
 
 def test_paused_then_enabled_again_even_after_an_error() -> None:

@@ -1,0 +1,246 @@
+"""Predict a trial's peak before running it: its steps on fake tensors, the allocator modelled.
+
+``Trial.estimate()`` runs the trial's step (forward, backward, optimizer step; a warm-up step
+first, so that the optimizer state exists) on fake tensors of the model, optimizer and batch
+(:mod:`~jupyter_gpumem.tuner.estimation.fake_step`), then turns what it allocated into the peak the trial
+would measure (:mod:`~jupyter_gpumem.tuner.estimation.fake_peaks`): on a GPU through a model of the caching
+allocator started from the device's real layout, its library workspaces included; on the CPU as
+the dispatch source counts. No GPU memory is used beyond the library workspaces a first run
+makes anyway, and the user's model, optimizer and random state are untouched::
+
+    est = workload.estimate(checkpoint="blocks")      # Estimate: peak_bytes, breakdown, phase
+    n = workload.max_batch_size("20GiB", lambda n: torch.randint(0, 50257, (n, 1024), device="cuda"))
+    workload.run(Config(checkpoint="blocks")).vs_estimate  # "estimated 6.9 GiB, measured 7.0 GiB (-1.2%)"
+
+What cannot run on fake tensors gives an Estimate with ``peak_bytes=None`` and the ``reason``;
+:func:`max_batch_size` then raises :class:`EstimateUnavailable` with it.
+
+Known limitations:
+- Workspaces that kernels allocate for themselves inside one op (cuDNN convolutions, attention
+  backward) are not seen: they matter only where they coincide with the peak.
+- One device: the trial's. Streams other than the current one are left alone.
+- The budget is compared with the peak allocated bytes, as the tuner's "fits" column does; the
+  CUDA context and the allocator's cache come on top (``Estimate.total_bytes``).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tuner.estimation import fake_peaks
+from jupyter_gpumem.tuner.estimation.estimate import (
+    BatchSearch,
+    Estimate,
+    EstimateUnavailable,
+    unavailable,
+)
+from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
+from jupyter_gpumem.tuner.workload import Workload
+from jupyter_gpumem.units import format_bytes, parse_size
+
+_SETTINGS = ("checkpoint", "every", "precision", "optimizer", "parallel", "world_size")
+_LARGEST = 1 << 20  # batch sizes searched without a high bound
+
+
+def config_of(settings: Mapping[str, Any]) -> Config:
+    """The Config that ``**settings`` names: ``config=Config(...)`` or its fields."""
+    if "config" in settings:
+        config = settings["config"]
+        if len(settings) > 1 or not isinstance(config, Config):
+            raise TypeError(
+                "pass either config=Config(...) or the settings checkpoint=, every=, "
+                "precision=, optimizer= (as in techniques.apply), not both"
+            )
+        return config
+    unknown = sorted(set(settings) - set(_SETTINGS))
+    if unknown:
+        raise TypeError(
+            f"unknown setting {', '.join(unknown)}; allowed: {', '.join(_SETTINGS)} "
+            "(as in techniques.apply), or config=Config(...)"
+        )
+    return Config(**settings)
+
+
+def estimate_workload(
+    workload: Workload,
+    config: Config,
+    *,
+    batch: Any = None,
+    make_batch: Callable[[], Any] | None = None,
+    batch_size: int | None = None,
+) -> Estimate:
+    """The estimate of ``workload`` under ``config``, with its batch unless one is given."""
+    import torch
+
+    if config.parallel is not None:
+        return estimate_ranks(
+            workload, config, batch=batch, make_batch=make_batch, batch_size=batch_size
+        )
+    t0 = time.perf_counter()
+    device = workload.device
+    own_batch = make_batch is None and (batch is None or batch is workload.batch)
+    cuda = device.type == "cuda"
+    facts = fake_peaks.device_facts(torch, device) if cuda else None
+    warmup = min(workload.warmup, 1)
+    try:
+        run = run_fake(
+            workload.model,
+            workload.optimizer,
+            workload.loss_fn,
+            device,
+            config,
+            batch=workload.batch if batch is None else batch,
+            make_batch=make_batch,
+            warmup=warmup,
+            steps=1 if warmup else min(workload.steps, 2),
+        )
+    except Unfakeable as exc:
+        return unavailable(config, device, str(exc), batch_size, t0)
+    notes: list[str] = []
+    if cuda:
+        assert facts is not None
+        drop = _cleared(torch, workload, device, keep=set(run.real.values()), batch=not own_batch)
+        segments, foreign = fake_peaks.start_layout(torch, device, drop)
+        peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+        notes.extend(fake_peaks.allocator_notes())
+    else:
+        peaks = fake_peaks.cpu_peaks(run)
+    return Estimate(
+        label=str(config),
+        device=str(device),
+        peak_bytes=peaks.peak_bytes,
+        peak_reserved_bytes=peaks.peak_reserved_bytes,
+        breakdown=peaks.breakdown,
+        phase=peaks.phase,
+        resident_bytes=peaks.resident_bytes,
+        workspace_bytes=facts.workspace_bytes if facts else None,
+        context_bytes=facts.context_bytes if facts else None,
+        device_total_bytes=facts.total_bytes if facts else None,
+        wall_s=time.perf_counter() - t0,
+        batch_size=batch_size,
+        notes=tuple(notes),
+        config=config,
+    )
+
+
+def _cleared(
+    torch: Any, workload: Workload, device: Any, *, keep: set[int], batch: bool
+) -> set[int]:
+    """Addresses of what the trial frees before it starts: the user's gradients and optimizer
+    state, and the trial's own batch where another one replaces it."""
+    tensors: list[Any] = [p.grad for p in workload.model.parameters() if p.grad is not None]
+    if workload.optimizer is not None:
+        for state in workload.optimizer.state.values():
+            tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    if batch:
+        from torch.utils._pytree import tree_leaves
+
+        tensors.extend(t for t in tree_leaves(workload.batch) if isinstance(t, torch.Tensor))
+    out = set()
+    for t in tensors:
+        if t.device == device:
+            address = t.untyped_storage().data_ptr()
+            if address not in keep:
+                out.add(address)
+    return out
+
+
+def max_batch_size(
+    workload: Workload,
+    budget: int | str,
+    make_batch: Callable[[int], Any],
+    *,
+    low: int = 1,
+    high: int | None = None,
+    config: Config | None = None,
+) -> BatchSearch:
+    """The largest batch size in [low, high] whose estimate fits ``budget``.
+
+    Peaks grow about linearly with the batch, so each guess is the line through the nearest
+    estimates on both sides (doubling while none is above), kept strictly inside the bracket:
+    a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
+    """
+    try:
+        budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}") from None
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise ValueError(
+            f"budget must be a positive number of bytes or a size like '20GiB', got {budget!r}"
+        )
+    if not callable(make_batch):
+        raise TypeError("make_batch must be a callable make_batch(n) -> a batch of n samples")
+    for name, value in (("low", low), ("high", high)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if high is not None and high < low:
+        raise ValueError(f"high ({high}) must be >= low ({low})")
+    t0 = time.perf_counter()
+    config = config if config is not None else Config()
+    made: dict[int, Estimate] = {}
+
+    def peak(n: int) -> int:
+        if n not in made:
+            made[n] = estimate_workload(
+                workload, config, make_batch=lambda: make_batch(n), batch_size=n
+            )
+        est = made[n]
+        if est.peak_bytes is None:
+            raise EstimateUnavailable(f"batch size {n} cannot be estimated: {est.reason}")
+        return est.peak_bytes
+
+    def result(size: int) -> BatchSearch:
+        tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
+        return BatchSearch(
+            size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
+        )
+
+    lo, hi = low, high
+    if peak(lo) > budget_bytes:
+        warnings.warn(
+            f"even batch size {low} is estimated at {format_bytes(made[low].peak_bytes)}, over "
+            f"the budget of {format_bytes(budget_bytes)}",
+            stacklevel=3,
+        )
+        return result(low - 1)
+    if hi is not None:
+        if peak(hi) <= budget_bytes:
+            return result(hi)
+    while hi is None:  # grow past the budget
+        if lo >= _LARGEST:
+            warnings.warn(
+                f"batch size {lo} still fits the budget; the search stops there (pass high=)",
+                stacklevel=3,
+            )
+            return result(lo)
+        below = sorted(n for n in made if made[n].peak_bytes is not None and n <= lo)
+        guess = 2 * lo
+        if len(below) >= 2:
+            guess = _crossing(below[-2], peak(below[-2]), lo, peak(lo), budget_bytes) + 1
+        guess = max(lo + 1, min(guess, 8 * lo))
+        if peak(guess) <= budget_bytes:
+            lo = guess
+        else:
+            hi = guess
+    while hi - lo > 1:
+        guess = _crossing(lo, peak(lo), hi, peak(hi), budget_bytes)
+        guess = max(lo + 1, min(guess, hi - 1))
+        if peak(guess) <= budget_bytes:
+            lo = guess
+        else:
+            hi = guess
+    return result(lo)
+
+
+def _crossing(n0: int, p0: int, n1: int, p1: int, budget: int) -> int:
+    """The largest n on the line through (n0, p0) and (n1, p1) at or under ``budget``."""
+    if p1 <= p0:
+        return n1 * 2
+    return n0 + int((budget - p0) * (n1 - n0) // (p1 - p0))

@@ -1,0 +1,1 @@
+"""Choosing a configuration: the step profiled, the checkpointing plan solved, the fit among measured ones."""

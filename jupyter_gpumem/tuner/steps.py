@@ -1,0 +1,109 @@
+"""Measure a workload's training steps in this process, as `%%gpumem` would measure a cell.
+
+Warm-up steps run under their own tracker (their report is built only if one fails), then the
+measured steps: exact peak and breakdown from the same recorder and analysis as the magic.
+Step times include the tracker's cost: small with the CUDA allocator trace, large with the CPU
+stand-in, so CPU timings only compare configurations with each other.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_gpumem.report.record import Report, status_of
+from jupyter_gpumem.session import Measurement, MeasureOptions
+from jupyter_gpumem.techniques import Applied, Config, apply_config
+from jupyter_gpumem.tuner.results import TrialResult, result_of
+from jupyter_gpumem.tuner.saved_state import release
+from jupyter_gpumem.tuner.workload import Workload
+
+
+def measure_config(workload: Workload, config: Config) -> TrialResult:
+    """Apply ``config`` to the workload's model, measure its steps, revert it."""
+    try:
+        applied = apply_config(workload.model, config, workload.optimizer)
+    except Exception as exc:
+        return failed(config, exc, "applying the configuration", None, workload.device, ())
+    try:
+        return measure_steps(workload, config, applied)
+    finally:
+        applied.revert()  # the state comes back before the next trial and after the last
+
+
+def measure_steps(
+    workload: Workload,
+    config: Config,
+    applied: Applied,
+    before_measured: Callable[[], Any] | None = None,
+) -> TrialResult:
+    """Warm up, then measure; ``before_measured`` runs between the two (a rank resets its peak)."""
+    notes = tuple(applied.warnings)
+    for phase, count in (("warm-up", workload.warmup), ("measured", workload.steps)):
+        if phase == "measured" and before_measured is not None:
+            before_measured()
+        report, times, error, step = _phase(
+            workload, applied, count, str(config), keep=phase == "measured"
+        )
+        if error is not None:
+            where = f"{phase} step {step + 1} of {count}"
+            return failed(config, error, where, report, workload.device, notes)
+    assert report is not None
+    return result_of(config, report, workload.device, times=times, notes=notes)
+
+
+def _phase(
+    workload: Workload, applied: Applied, count: int, label: str, *, keep: bool
+) -> tuple[Report | None, list[float], BaseException | None, int]:
+    """Run ``count`` steps under a tracker; the report is built when kept or on failure."""
+    if count == 0:
+        return None, [], None, 0
+    ns = {"model": applied.model, "optimizer": applied.optimizer, "batch": workload.batch}
+    measurement = Measurement(MeasureOptions(name=label, log=False), ns)
+    times: list[float] = []
+    error: BaseException | None = None
+    measurement.start()
+    try:
+        for _ in range(count):
+            times.append(_timed_step(workload, applied))
+    except Exception as exc:
+        error = exc
+    finally:
+        report = measurement.finish(error, analyse=keep or error is not None)
+    return report, times, error, len(times)
+
+
+def _timed_step(workload: Workload, applied: Applied) -> float:
+    _sync(workload.device)
+    t0 = time.perf_counter()
+    with applied.autocast():
+        loss = workload.loss_fn(applied.model, workload.batch)
+    applied.backward(loss)
+    applied.step()  # the loss stays alive through the step, as in a usual training loop
+    _sync(workload.device)
+    return time.perf_counter() - t0
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        sys.modules["torch"].cuda.synchronize(device)
+
+
+def failed(
+    config: Config,
+    error: BaseException,
+    where: str,
+    report: Report | None,
+    device: Any,
+    notes: tuple[str, ...],
+) -> TrialResult:
+    """An out-of-memory or failed trial; its frames are cleared so their tensors can be freed."""
+    status = status_of(error)
+    message = f"{type(error).__name__}: {error} ({where})"
+    if error.__traceback__ is not None:
+        traceback.clear_frames(error.__traceback__)
+    release(sys.modules["torch"], collect=True)
+    return result_of(config, report, device, notes=notes, status=status, error=message)

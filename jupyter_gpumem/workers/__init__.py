@@ -1,0 +1,1 @@
+"""Worker processes of a measured cell: their reports read back as ranks, their tensors named."""
