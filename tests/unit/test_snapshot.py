@@ -4,11 +4,13 @@ where the breakdown looks, and a segment unchanged since the last read not read 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize
 from jupyter_gpumem.analysis.library_memory import LibraryMemory
-from jupyter_gpumem.analysis.replay import live_blocks
+from jupyter_gpumem.analysis.replay import live_blocks, replay
 from jupyter_gpumem.records import NamedStorage, Workspace
 from jupyter_gpumem.tracking import snapshot
 from tests.support.cycles import collected
@@ -137,3 +139,49 @@ def test_a_layout_and_its_summaries_go_without_the_cycle_collector() -> None:
         snapshot.SUMMARIES.clear()
 
     assert collected(read_twice) == {}
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "cuda_snapshot_train_step.json"
+
+
+def test_torch_snapshots_of_an_h100_replay_to_its_counters_to_the_byte() -> None:
+    """torch's own dicts (``bench/record_snapshot_fixture.py``: two Adam steps on an H100),
+    read as records: the starting layout, the trace and the ending layout agree with the
+    allocator's counters read beside them."""
+    data = json.loads(FIXTURE.read_text())
+    start = snapshot.read_segments(data["before"]["segments"], 0)
+    assert sum(s.total_size for s in start) == data["reserved_before"]
+    assert sum(b.size for s in start for b in s.allocated_blocks()) == data["allocated_before"]
+    assert {b.state for s in start for b in s.blocks} == {"allocated", "free"}
+    events = snapshot.read_events(data["after"]["device_traces"][0])
+    assert len(events) == len(data["after"]["device_traces"][0])
+    assert events[0].action == "snapshot" and {"alloc", "free_completed"} <= {
+        e.action for e in events
+    }
+    result = replay(
+        start,
+        events,
+        allocated_start=data["allocated_before"],
+        reserved_start=data["reserved_before"],
+    )
+    assert result.exact, result.reason
+    assert (result.peak_allocated, result.peak_reserved) == (
+        data["max_allocated"],
+        data["max_reserved"],
+    )
+    assert (result.allocated_end, result.reserved_end) == (
+        data["allocated_after"],
+        data["reserved_after"],
+    )
+    end = snapshot.read_segments(data["after"]["segments"], 0)
+    assert sum(s.total_size for s in end) == data["reserved_after"]
+    new = snapshot.new_blocks(data["after"]["segments"], 0, start)
+    held_before = sum(b.size for s in start for b in s.allocated_blocks())
+    assert sum(b.size for b in new) == data["allocated_after"] - held_before  # nothing freed
+    assert snapshot.private_pools(data["after"]["segments"], 0, start) == ()
+    assert snapshot.entry_key(data["after"]["device_traces"][0][-1]) == (
+        events[-1].action,
+        events[-1].address,
+        events[-1].size,
+        events[-1].time_us,
+    )
