@@ -7,8 +7,8 @@ carries a widget view: the report's HTML with the timeline as a bqplot figure. E
 end picks the one it draws best, so none shows two timelines.
 
 Whether our renderer is there is asked once per kernel: loading the extension opens a
-comm to the target ``jupyter_gpumem.frontend`` (its name predates this module), which our labextension registers and
-answers; a front end without it closes the comm. Until an answer comes (or with no front
+comm to the target ``jupyter_gpumem.frontend`` (a name on the wire, kept as it was), which
+our labextension registers and answers; a front end without it closes the comm. Until an answer comes (or with no front
 end at all, as under nbconvert) no widget is made, so bqplot is imported only where a
 widget view is shown.
 """
