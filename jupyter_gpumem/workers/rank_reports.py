@@ -17,20 +17,23 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import math
 import os
 import re
+import reprlib
 import shutil
 import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from jupyter_gpumem.report.record import Report, report_from_dict
+from jupyter_gpumem.report.record import SCHEMA, Report, report_from_dict
 from jupyter_gpumem.tracking.ranks import (
     RANKS_DIR_ENV,
     RankMeasure,
@@ -139,9 +142,10 @@ def _rows(
     seen: set[int] = set()
     for data in written:
         try:
+            check_report(data)
             report = report_from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
-            notes.append(f"a rank report could not be read: {exc!r}")
+            notes.append(f"a rank report could not be read: {exc}")
             continue
         reports.append(report)
         if report.pid is not None:
@@ -234,28 +238,42 @@ def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
     """One multi-rank report from rank files: a path, a glob, a folder, or a list of those.
 
     ``run.json`` also finds the ``run.rank<N>.json`` files that ``record("run.json")`` wrote.
+    A file named outright must be a report (ValueError naming the file and the field
+    otherwise); a file found through a folder, a glob or ``run.json`` that is not one is
+    skipped with a warning that says why, so one broken rank does not hide the others.
     """
     files = _files(paths)
     if not files:
         raise FileNotFoundError(
-            f"no report files at {paths!r}: give a file, a glob such as 'run.rank*.json', "
+            f"no report files at {_shown(paths)}: give a file, a glob such as 'run.rank*.json', "
             "or a folder of rank files"
         )
     ranks: list[Report] = []
-    for n, file in enumerate(files):
+    skipped: list[str] = []
+    for n, (file, named) in enumerate(files):
         try:
-            report = report_from_dict(_read_json(file))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{file} is not a jupyter_gpumem report: {exc}") from exc
+            report = read_report(file)
+        except ValueError as exc:
+            if named:
+                raise
+            skipped.append(f"skipped {exc}")
+            warnings.warn(skipped[-1], stacklevel=3)  # through jupyter_gpumem.load_reports
+            continue
         if report.rank is None:
             report = replace(report, rank=n)
         ranks.append(report)
+    if not ranks:
+        raise ValueError(
+            f"none of the {len(files)} file(s) at {_shown(paths)} is a jupyter_gpumem report: "
+            + "; ".join(skipped[:3])
+            + ("; ..." if len(skipped) > 3 else "")
+        )
     ranks.sort(key=lambda r: (r.rank, r.started_at))
     status = "ok"
     for r in ranks:
         if r.status == "oom" or (r.status != "ok" and status == "ok"):
             status = r.status
-    names = {re.sub(r"\.rank\d+$", "", Path(f).stem) for f in files}
+    names = {re.sub(r"\.rank\d+$", "", Path(f).stem) for f, _ in files}
     name = names.pop() if len(names) == 1 else None
     return Report(
         id=uuid.uuid4().hex,
@@ -268,29 +286,268 @@ def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
         cuda_available=any(r.cuda_available for r in ranks),
         source="none",
         budget_bytes=None,
+        notes=tuple(skipped),
         ranks=tuple(ranks),
     )
 
 
-def _files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    found: list[str] = []
+def read_report(path: str | os.PathLike[str]) -> Report:
+    """The report in one file; ValueError naming the file and what is wrong with it."""
+    name = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{name} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not a report: it is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{name} is not a report: its JSON nests too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{name} is not a report: it is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{name} is not a report: it holds {_got(data)}, not a JSON object")
+    try:
+        check_report(data)
+        return report_from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:  # the last two: what the check missed
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _files(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+) -> list[tuple[str, bool]]:
+    """The files to read, each with whether it was named outright (not found by a pattern)."""
+    allowed = "load_reports takes a path, a glob, a folder, or a list of those"
+    if isinstance(paths, (str, os.PathLike)):
+        items: list[Any] = [paths]
+    elif isinstance(paths, Iterable):
+        items = list(paths)
+    else:
+        raise TypeError(f"{allowed}; got {type(paths).__name__} {_shown(paths)}")
+    found: dict[str, bool] = {}
     for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"{allowed}; got {type(item).__name__} {_shown(item)} among them")
         text = os.fspath(item)
         p = Path(text)
         if p.is_dir():
-            found.extend(sorted(str(f) for f in p.glob("*.json")))
+            matches = sorted(str(f) for f in p.glob("*.json"))
         elif p.is_file():
-            found.append(text)
+            found[text] = True
+            continue
         elif glob.has_magic(text):
-            found.extend(sorted(glob.glob(text)))
+            matches = sorted(glob.glob(text))
         else:
-            found.extend(sorted(glob.glob(str(rank_path(p, 0)).replace(".rank0", ".rank*"))))
-    return list(dict.fromkeys(found))
+            matches = sorted(glob.glob(str(rank_path(p, 0)).replace(".rank0", ".rank*")))
+        for match in matches:
+            found.setdefault(match, False)
+    return list(found.items())
 
 
-def _read_json(path: str) -> Mapping[str, Any]:
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError("it holds no JSON object")
-    return data
+# -- what a report file may hold ------------------------------------------------------------
+MAX_RANK_DEPTH = 2  # a cell's workers, and the workers one of them started
+MAX_MODULE_DEPTH = 64  # module paths nest a few levels; a deeper tree is not a model's
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A leaf of the wire format: a test and the words that say what passes it."""
+
+    test: Callable[[Any], bool]
+    allowed: str
+    optional: bool = False  # null allowed
+
+    def opt(self) -> _Value:
+        return _Value(self.test, f"{self.allowed} or null", optional=True)
+
+
+@dataclass(frozen=True)
+class _List:
+    item: Any  # a _Value, an _Object or a _Map
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class _Map:
+    value: _Value  # string keys
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class _Object:
+    what: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
+    optional: bool = False
+    nests: str | None = None  # the field that holds more of this object, depth-bounded
+    max_depth: int = 0
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+_STR = _Value(lambda v: isinstance(v, str), "a string")
+_INT = _Value(_is_int, "a whole number")
+_BYTES = _Value(lambda v: _is_int(v) and v >= 0, "a whole number of bytes (0 or more)")
+_INDEX = _Value(lambda v: _is_int(v) and v >= 0, "a whole number, 0 or more")
+_NUMBER = _Value(_is_number, "a finite number")
+_SECONDS = _Value(lambda v: _is_number(v) and v >= 0, "a finite number of seconds (0 or more)")
+_BOOL = _Value(lambda v: isinstance(v, bool), "true or false")
+STATUSES = ("ok", "error", "oom", "running")
+_STATUS = _Value(lambda v: v in STATUSES, "one of " + ", ".join(map(repr, STATUSES)))
+_SCHEMA = _Value(lambda v: _is_int(v) and 1 <= v <= SCHEMA, f"a whole number from 1 to {SCHEMA}")
+
+_TENSOR = _Object(
+    "a tensor",
+    {"name": _STR.opt(), "shape": _List(_INDEX, optional=True), "dtype": _STR.opt(),
+     "nbytes": _BYTES, "device": _STR, "line": _STR.opt(), "alive": _BOOL},
+    frozenset({"nbytes", "device", "alive"}),
+)  # fmt: skip
+_BAND = _Object(
+    "a phase band",
+    {"start_s": _NUMBER, "end_s": _NUMBER, "phase": _STR, "step": _INT},
+    frozenset({"start_s", "end_s", "phase", "step"}),
+)
+_TIMELINE = _Object(
+    "a timeline",
+    {"t_s": _List(_NUMBER), "allocated_bytes": _List(_BYTES), "reserved_bytes": _List(_BYTES),
+     "bands": _List(_BAND), "peak_t_s": _NUMBER, "peak_bytes": _BYTES},
+    frozenset({"t_s", "allocated_bytes", "reserved_bytes", "bands", "peak_t_s", "peak_bytes"}),
+    optional=True,
+)  # fmt: skip
+_OOM = _Object(
+    "an out-of-memory record",
+    {"requested_bytes": _BYTES, "breakdown": _Map(_BYTES), "dominant": _STR, "advice": _STR,
+     "largest": _List(_TENSOR)},
+    frozenset({"requested_bytes", "breakdown", "dominant", "advice", "largest"}),
+    optional=True,
+)  # fmt: skip
+_MODULE = _Object(
+    "a module tree",
+    {"path": _STR, "bytes": _Map(_BYTES)},
+    optional=True,
+    nests="children",
+    max_depth=MAX_MODULE_DEPTH,
+)
+_DEVICE = _Object(
+    "a device",
+    {"device": _STR, "index": _INT, "name": _STR, "total_bytes": _BYTES.opt(),
+     "allocated_before_bytes": _BYTES, "allocated_after_bytes": _BYTES,
+     "allocated_delta_bytes": _INT, "peak_allocated_bytes": _BYTES, "peak_reserved_bytes": _BYTES,
+     "reserved_after_bytes": _BYTES, "cache_bytes": _INT, "nvml_process_bytes": _BYTES.opt(),
+     "non_torch_bytes": _BYTES.opt(), "source": _STR, "breakdown": _Map(_INT, optional=True),
+     "peak_phase": _STR.opt(), "peak_step": _INT.opt(), "timeline": _TIMELINE,
+     "tensors": _List(_TENSOR), "oom": _OOM, "module_tree": _MODULE},
+    frozenset({"device", "index", "name", "total_bytes", "allocated_before_bytes",
+               "allocated_after_bytes", "allocated_delta_bytes", "peak_allocated_bytes",
+               "peak_reserved_bytes", "reserved_after_bytes", "cache_bytes",
+               "nvml_process_bytes", "non_torch_bytes", "source"}),
+)  # fmt: skip
+_HINT = _Object(
+    "a leak hint",
+    {"kind": _STR, "bytes": _BYTES, "template": _STR, "fix": _STR, "where": _List(_STR),
+     "amounts": _Map(_BYTES)},
+    frozenset({"kind", "bytes", "template", "fix"}),
+)  # fmt: skip
+_REPORT = _Object(
+    "a report",
+    {"schema": _SCHEMA, "id": _STR, "name": _STR.opt(), "execution_count": _INT.opt(),
+     "started_at": _NUMBER, "wall_s": _SECONDS, "status": _STATUS, "error": _STR.opt(),
+     "cuda_available": _BOOL, "source": _STR, "budget_bytes": _BYTES.opt(),
+     "devices": _List(_DEVICE), "notes": _List(_STR), "warnings": _List(_STR),
+     "leak_hints": _List(_HINT), "cell_key": _STR.opt(), "main_device": _STR.opt(),
+     "rank": _INDEX.opt(), "pid": _INT.opt()},
+    frozenset({"id", "name", "execution_count", "started_at", "wall_s", "status", "error",
+               "cuda_available", "source", "budget_bytes"}),
+    nests="ranks",
+    max_depth=MAX_RANK_DEPTH,
+)  # fmt: skip
+
+
+def check_report(data: Mapping[str, Any]) -> None:
+    """ValueError naming the first field of ``data`` that a report cannot hold, and what it may.
+
+    Fields this version does not know pass (``report_from_dict`` leaves them out); a schema
+    newer than this version's is refused, since its known fields may mean something else.
+    """
+    schema = data.get("schema", SCHEMA)
+    if _is_int(schema) and schema > SCHEMA:
+        raise ValueError(
+            f"report schema {schema} is newer than this jupyter_gpumem reads (schemas 1 to "
+            f"{SCHEMA}): upgrade jupyter_gpumem to load it"
+        )
+    _check_object(data, _REPORT, "")
+
+
+def _check(value: Any, spec: Any, where: str) -> None:
+    if value is None and spec.optional:
+        return
+    if isinstance(spec, _Value):
+        if not spec.test(value):
+            raise ValueError(f"{where} must be {spec.allowed}, got {_got(value)}")
+    elif isinstance(spec, _List):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} must be a list, got {_got(value)}")
+        for i, item in enumerate(value):
+            _check(item, spec.item, f"{where}[{i}]")
+    elif isinstance(spec, _Map):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object of names to values, got {_got(value)}")
+        for key, item in value.items():
+            _check(item, spec.value, f"{where}[{_shown(key)}]")
+    else:
+        _check_object(value, spec, where)
+
+
+def _check_object(value: Any, spec: _Object, where: str, depth: int = 0) -> None:
+    """``depth``: how many times ``spec.nests`` led here, at most ``spec.max_depth``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be {spec.what} (a JSON object), got {_got(value)}")
+    missing = sorted(spec.required - value.keys())
+    if missing:
+        lacks = ", ".join(missing)
+        raise ValueError(f"{where or 'the report'} lacks {lacks}, which {spec.what} has")
+    prefix = f"{where}." if where else ""
+    for name, field_spec in spec.fields.items():
+        if name in value:
+            _check(value[name], field_spec, prefix + name)
+    nested = value.get(spec.nests) if spec.nests is not None else None
+    if nested is None:
+        return
+    if not isinstance(nested, list):
+        raise ValueError(f"{prefix}{spec.nests} must be a list, got {_got(nested)}")
+    if nested and depth >= spec.max_depth:
+        raise ValueError(
+            f"{prefix}{spec.nests} is nested more than {spec.max_depth} levels deep: "
+            f"{spec.what} holds at most {spec.max_depth} levels of {spec.nests}"
+        )
+    for i, item in enumerate(nested):
+        _check_object(item, spec, f"{prefix}{spec.nests}[{i}]", depth + 1)
+
+
+def _got(value: Any) -> str:
+    """What a JSON value is, as an error message says it: the value itself where short."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return _shown(value)
+
+
+_ECHO = reprlib.Repr()  # bounds the work: long strings and lists are cut before repr
+_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = ECHO_CHARS = 40
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
