@@ -7,6 +7,8 @@ telling us about them. Objects passed to :func:`jupyter_gpumem.track` are read t
 
 from __future__ import annotations
 
+import itertools
+import reprlib
 import sys
 import weakref
 from collections.abc import Iterator, Mapping
@@ -20,18 +22,49 @@ from jupyter_gpumem.tracking.kept_names import Source, Structure
 MAX_CONTAINER_ITEMS = 256
 
 _TRACKED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+# Labels are numbered for the session, not by how many are tracked now: once a tracked
+# object is gone, a count would hand its label again, to an object still tracked.
+_NUMBERS = itertools.count()
 
 
 def track(obj: Any, name: str | None = None) -> Any:
-    """Make ``obj`` (a module, optimizer or tensor not in the namespace) known to `%%gpumem`."""
-    label = name or f"tracked[{len(_TRACKED)}]"
-    try:
-        _TRACKED[label] = obj
-    except TypeError as exc:
+    """Make ``obj`` (a module, optimizer or tensor not in the namespace) known to `%%gpumem`.
+
+    ``name`` labels it in reports (``tracked[N]`` when not given); tracking another object
+    under a name already in use replaces the first. Only a weak reference is kept.
+    """
+    if name is not None and not isinstance(name, str):
         raise TypeError(
-            f"track() needs an object that supports weak references, got {type(obj).__name__}"
-        ) from exc
+            f"track() takes a name that is a string (or None for tracked[N]), got {_kind(name)}"
+        )
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        raise TypeError(
+            "track() needs an object that supports weak references (a module, an optimizer "
+            f"or a tensor), got {_kind(obj)}"
+        ) from None
+    label = name or _free_label()
+    _TRACKED[label] = obj
     return obj
+
+
+def _free_label() -> str:
+    while True:
+        label = f"tracked[{next(_NUMBERS)}]"
+        if label not in _TRACKED:  # a user may have chosen it as a name
+            return label
+
+
+_ECHO = reprlib.Repr()
+_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
+
+
+def _kind(value: Any) -> str:
+    """``value`` as an error message may echo it: its type and repr, each cut to 40 characters."""
+    text = _ECHO.repr(value)
+    text = text if len(text) <= 40 else text[:39] + "…"
+    return f"{type(value).__name__[:40]} {text}"
 
 
 def roots(user_ns: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
