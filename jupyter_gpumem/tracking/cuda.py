@@ -19,10 +19,12 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -443,6 +445,20 @@ class CudaSession:
         segments = start.segments
         return lambda: layout_after(segments, events)
 
+    def _write_snapshot(self, path: str) -> None:
+        """``--snapshot``: the last snapshot read, written whole or not at all; a failure (a
+        full disk, a folder gone) is a note, and the counters are closed all the same."""
+        if self._snapshot is None:
+            self.notes.append(
+                f"no snapshot was written to {path}: the allocator trace was not read"
+            )
+            return
+        try:
+            write_pickle(path, self._snapshot)
+        except (OSError, pickle.PicklingError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self.notes.append(f"no snapshot was written to {path}: {reason}")
+
     def _window_start_index(
         self, start: _WindowStart, trace: Sequence[Mapping[str, Any]]
     ) -> int | None:
@@ -463,6 +479,10 @@ class CudaSession:
         torch = self.torch
         self._pending_start = False
         if not torch.cuda.is_initialized():
+            if self.snapshot_path:
+                self.notes.append(
+                    f"no snapshot was written to {self.snapshot_path}: the cell did not use CUDA"
+                )
             return {}
         end_blocks: dict[int, tuple[BlockState, ...]] = {}
         if self._open:
@@ -477,9 +497,8 @@ class CudaSession:
                     end_blocks[d] = new_blocks(
                         layout.get("segments", []), d, windows[0].segments_before
                     )
-        if self.snapshot_path and self._snapshot is not None:
-            with open(self.snapshot_path, "wb") as f:
-                pickle.dump(self._snapshot, f)
+        if self.snapshot_path:
+            self._write_snapshot(self.snapshot_path)
         recordings = {}
         for d in self._device_indices():
             allocated_before, reserved_before = self._before.get(d, (0, 0))
@@ -571,6 +590,27 @@ def _current(torch: Any, device: int) -> tuple[int, int]:
         int(stats.get("allocated_bytes", {}).get("all", {}).get("current", 0)),
         int(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)),
     )
+
+
+def write_pickle(path: str | os.PathLike[str], obj: Any) -> None:
+    """Pickle ``obj`` to ``path`` whole or not at all.
+
+    Written to a new file beside ``path`` (same folder, same file system), synced, then renamed
+    over it: on any error the new file is removed and ``path`` is as it was before.
+    """
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk says so here, not after the rename
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _now_us() -> int:

@@ -149,6 +149,19 @@ class Recorder:
         steps = self._schedule.position if self._schedule is not None else 0
         if self._session is not None:
             devices = self._session.finish(steps)
+            self._notes.extend(self._session.notes)
+        snapshot = self.options.snapshot_path
+        if snapshot and (self._session is None or not self._session.snapshot_path):
+            why = (
+                "torch was imported inside the cell"
+                if self._session is not None
+                else "torch is not imported"
+                if torch is None
+                else "no CUDA device is present"
+                if not cuda
+                else "the cell did not use CUDA"
+            )
+            self._notes.append(f"no snapshot was written to {snapshot}: {why}")
         named: Mapping[int, NamedStorage] = {}
         if torch is not None:
             read = self._guarded("namespace", self._named)
