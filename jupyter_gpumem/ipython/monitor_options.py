@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
+from typing import NoReturn
 
 from IPython.core.error import UsageError
 
-MONITOR_USAGE = "usage: %gpumem monitor [--interval SECONDS (>= 0.25)] [--device N ...]"
+from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S
+
+# The sampler waits this long between reads; longer is no live gauge (widgets.monitor agrees).
+MAX_INTERVAL_S = 3600.0
+INTERVAL_HELP = f"seconds between reads, from {MIN_INTERVAL_S} to {MAX_INTERVAL_S:g}"
+DEVICE_HELP = "a device index (0, 1, ...)"
+MONITOR_USAGE = (
+    f"usage: %gpumem monitor [--interval SECONDS (>= {MIN_INTERVAL_S})] [--device N ...]\n"
+    f"  --interval SECONDS  {INTERVAL_HELP} (default 1)\n"
+    f"  --device N          {DEVICE_HELP}; repeat it for more (default: every device)"
+)
 
 
 @dataclass(frozen=True)
@@ -24,18 +36,51 @@ def parse_monitor(words: list[str]) -> MonitorOptions:
     devices: list[int] = []
     it = iter(words)
     for word in it:
+        if word not in ("--interval", "--device"):
+            _refuse(f"the options are --interval and --device, got {_shown(word)}")
         value = next(it, None)
-        try:
-            if word == "--interval" and value is not None and interval_s is None:
-                interval_s = float(value)
-                if not math.isfinite(interval_s):
-                    raise ValueError(value)
-            elif word == "--device" and value is not None:
-                devices.append(int(value))
-            else:
-                raise ValueError(word)
-        except ValueError:
-            raise UsageError(
-                f"%gpumem monitor: bad argument {word!r} {value or ''}\n{MONITOR_USAGE}"
-            ) from None
-    return MonitorOptions(1.0 if interval_s is None else interval_s, tuple(devices) or None)
+        if value is None:
+            _refuse(
+                f"{word} needs a value: {INTERVAL_HELP if word == '--interval' else DEVICE_HELP}"
+            )
+        if word == "--interval":
+            if interval_s is not None:
+                _refuse("--interval is given once")
+            interval_s = _interval(value)
+        else:
+            devices.append(_device(value))
+    return MonitorOptions(
+        1.0 if interval_s is None else interval_s, tuple(dict.fromkeys(devices)) or None
+    )
+
+
+def _interval(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # NaN and infinities fail too
+        _refuse(f"--interval takes {INTERVAL_HELP}, got {_shown(value)}")
+    return seconds
+
+
+def _device(value: str) -> int:
+    digits = value.isascii() and value.isdigit() and len(value) < 10  # no sign, no "1e3"
+    index = int(value) if digits else -1
+    if index < 0:
+        _refuse(f"--device takes {DEVICE_HELP}, got {_shown(value)}")
+    return index
+
+
+def _refuse(problem: str) -> NoReturn:
+    raise UsageError(f"%gpumem monitor: {problem}\n{MONITOR_USAGE}")
+
+
+_ECHO = reprlib.Repr()
+_ECHO.maxstring = 40
+
+
+def _shown(value: str) -> str:
+    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"

@@ -19,10 +19,12 @@ from __future__ import annotations
 import atexit
 import html
 import logging
+import operator
 import os
+import reprlib
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -30,7 +32,7 @@ from bqplot import Figure, LinearScale, Lines
 
 from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.readings import DeviceRecord, Sample
-from jupyter_gpumem.nvml.sampler import Backend, Sampler, check_interval
+from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S, Backend, Sampler, check_interval
 from jupyter_gpumem.units import format_bytes
 
 __all__ = ["GpuMonitor", "show"]
@@ -40,6 +42,8 @@ LOG = logging.getLogger(__name__)
 LOG.addHandler(logging.NullHandler())
 LOG.propagate = False
 GiB = 2**30
+MAX_INTERVAL_S = 3600.0  # the sampler waits this long between reads: longer is no live gauge
+MAX_HISTORY_S = 86_400.0  # a day of sparkline
 
 
 class _DeviceView:
@@ -142,7 +146,7 @@ class GpuMonitor(widgets.VBox):
             return set(known)
         unknown = sorted(set(devices) - set(known))
         if unknown:
-            raise ValueError(f"no device {unknown} here; devices are {known or 'none'}")
+            raise ValueError(f"no device {_shown(unknown)} here; devices are {known or 'none'}")
         return set(devices)
 
     @property
@@ -180,12 +184,51 @@ def show(
 ) -> GpuMonitor:
     """A live per-GPU memory gauge and sparkline, refreshed every ``interval_s`` seconds.
 
-    ``devices`` limits it to those device indices; ``backend`` (tests) replaces real NVML.
+    ``devices`` limits it to those device indices; ``history_s`` is how far back the sparklines
+    reach; ``backend`` (tests) replaces real NVML. Each is checked before NVML starts: a
+    TypeError or ValueError says what is allowed.
     """
-    check_interval(interval_s)
+    interval_s = _seconds("interval_s", interval_s, MIN_INTERVAL_S, MAX_INTERVAL_S)
+    history_s = _seconds("history_s", history_s, interval_s, MAX_HISTORY_S)
     return GpuMonitor(
         backend if backend is not None else NvmlBackend(log=LOG),
         interval_s=interval_s,
-        devices=devices,
+        devices=_devices(devices),
         history_s=history_s,
     )
+
+
+def _seconds(name: str, value: Any, low: float, high: float) -> float:
+    allowed = f"{name} takes seconds from {low:g} to {high:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{allowed}, got {type(value).__name__} {_shown(value)}")
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"{allowed}, got {_shown(value)}")
+    return float(value)
+
+
+def _devices(devices: Any) -> tuple[int, ...] | None:
+    allowed = "devices takes device indices (0, 1, ...), e.g. [0, 1], or None for every device"
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise TypeError(f"{allowed}; got {type(devices).__name__} {_shown(devices)}")
+    indices: list[int] = []
+    for d in devices:
+        if isinstance(d, bool) or not hasattr(type(d), "__index__"):
+            raise TypeError(f"{allowed}; got {type(d).__name__} {_shown(d)} among them")
+        index = operator.index(d)
+        if index < 0:
+            raise ValueError(f"{allowed}; got {_shown(index)} among them")
+        indices.append(index)
+    return tuple(indices)
+
+
+_ECHO = reprlib.Repr()
+_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"

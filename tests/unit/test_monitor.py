@@ -82,8 +82,50 @@ def test_unavailable_nvml_shows_the_reason_and_starts_no_thread() -> None:
 
 
 def test_interval_floor() -> None:
-    with pytest.raises(ValueError, match=r"at least 0\.25 s"):
+    with pytest.raises(ValueError, match=r"interval_s takes seconds from 0\.25 to 3600, got 0\.1$"):
         show(0.1, backend=FakeNvml.from_spec(SPEC).backend(use_environment=False))
+
+
+DEVICES = "devices takes device indices (0, 1, ...), e.g. [0, 1], or None for every device"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "said"),
+    [
+        ({"interval_s": 1e308}, ValueError, "interval_s takes seconds from 0.25 to 3600, got 1e+308"),
+        ({"interval_s": float("nan")}, ValueError, "interval_s takes seconds from 0.25 to 3600, got nan"),
+        ({"interval_s": "1"}, TypeError, "interval_s takes seconds from 0.25 to 3600, got str '1'"),
+        ({"interval_s": True}, TypeError, "interval_s takes seconds from 0.25 to 3600, got bool True"),
+        ({"history_s": 1e300}, ValueError, "history_s takes seconds from 1 to 86400, got 1e+300"),
+        ({"history_s": 0.5}, ValueError, "history_s takes seconds from 1 to 86400, got 0.5"),
+        ({"devices": [-3]}, ValueError, f"{DEVICES}; got -3 among them"),
+        ({"devices": 0}, TypeError, f"{DEVICES}; got int 0"),
+        ({"devices": "0"}, TypeError, f"{DEVICES}; got str '0'"),
+        ({"devices": [True]}, TypeError, f"{DEVICES}; got bool True among them"),
+        ({"devices": ["x" * 10_000]}, TypeError, f"{DEVICES}; got str 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx' among them"),
+    ],
+)  # fmt: skip
+def test_wrong_arguments_say_what_is_allowed_before_nvml_starts(
+    kwargs: dict[str, Any], error: type[Exception], said: str
+) -> None:
+    fake = FakeNvml.from_spec(SPEC)
+    with pytest.raises(error) as raised:
+        show(backend=fake.backend(use_environment=False), **kwargs)
+    assert str(raised.value) == said
+    assert not fake.initialized
+
+
+def test_the_magic_and_the_widget_allow_the_same_intervals() -> None:
+    from jupyter_gpumem.ipython import monitor_options
+    from jupyter_gpumem.widgets import monitor
+
+    assert monitor_options.MAX_INTERVAL_S == monitor.MAX_INTERVAL_S
+
+
+def test_many_unknown_devices_are_not_all_echoed() -> None:
+    with pytest.raises(ValueError) as raised:
+        make(devices=range(2, 100_000))
+    assert str(raised.value) == "no device [2, 3, 4, 5, 6, 7, ...] here; devices are [0, 1]"
 
 
 def test_stop_is_idempotent() -> None:
