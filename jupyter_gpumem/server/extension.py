@@ -53,8 +53,10 @@ class GpuMem(LoggingConfigurable):
         "stand-in for tests, built with spec=fake_spec and kernel_pids= (the running "
         "kernels' pids) besides NvmlBackend's visible, use_environment and log.",
     ).tag(config=True)
+    # default_value by name: Dict's first positional parameter is the trait of its values,
+    # and with that as None the default would be {}, as if the user had set it.
     fake_spec = Dict(
-        None,
+        default_value=None,
         allow_none=True,
         help="Tests only: the devices, processes and failures of a stand-in backend_class; "
         "None: the stand-in's default machine.",

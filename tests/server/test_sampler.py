@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -46,6 +47,20 @@ def test_backend_class_is_a_backend_and_a_stand_in_gets_its_spec() -> None:
     (device,) = backend.read().devices
     assert device.name == "G0" and [p.pid for p in device.processes] == [4242]
     backend.close()
+
+
+def test_fake_spec_is_warned_about_only_when_set_with_real_nvml(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("test_gpumem_config")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        unset = GpuMem(log=log)
+        assert unset.fake_spec is None  # not {}, which reads as "set"
+        unset.make_backend(list)
+        assert caplog.records == []
+        GpuMem(log=log, fake_spec={"devices": []}).make_backend(list)
+    (record,) = caplog.records
+    assert "c.GpuMem.fake_spec is ignored" in record.getMessage()
 
 
 def test_start_is_idempotent_and_stop_joins_and_closes() -> None:
