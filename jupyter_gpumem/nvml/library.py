@@ -7,9 +7,17 @@ and error; an unknown value is ``None`` with the reason in ``DeviceRecord.reason
 `NvmlBackend` takes the library as a parameter: the real ``pynvml`` by default, or the
 stand-in in `tests.support.nvml_fake` for tests.
 
+Other users' command lines are not shown: a process's command is kept only when the process
+belongs to this user (its real uid in ``/proc/<pid>/status`` is ``os.getuid()``) or is one of
+``own_pids`` (the server's kernels and their children); another's is cut to the base name of
+its executable, since arguments can hold secrets (``--api-key=...``).
+
 Known limitations:
     - Process ids are NVML's, i.e. the host's. Inside a container they do not match the
       container's ``/proc``, so the command may be missing (or, rarely, another process's).
+      A process whose owner cannot be read there counts as another user's.
+    - Off Linux the owner is read with psutil where it is installed; without it, or without
+      ``os.getuid`` (Windows), every command is cut to its executable's name.
     - Only compute processes are listed (not graphics-only ones).
     - Device names, UUIDs and the MIG layout are read once at initialisation; a MIG
       reconfiguration needs a server restart.
@@ -27,7 +35,13 @@ from typing import Any, TypeVar
 from jupyter_gpumem.nvml.readings import DeviceRecord, ProcessRecord, Reason, Sample
 from jupyter_gpumem.nvml.visibility import MigSlot, PhysicalGpu, visible_devices
 
-__all__ = ["NvmlBackend", "process_command", "reason_for_code"]
+__all__ = [
+    "NvmlBackend",
+    "executable_name",
+    "process_command",
+    "process_owner",
+    "reason_for_code",
+]
 
 T = TypeVar("T")
 
@@ -93,6 +107,40 @@ def process_command(pid: int) -> str | None:
         return None
 
 
+def process_owner(pid: int) -> int | None:
+    """The real uid of ``pid`` (``/proc``, or psutil off Linux); None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+        return None
+    except FileNotFoundError:
+        if os.path.isdir("/proc"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        import psutil  # optional; only consulted where /proc does not exist
+    except ImportError:
+        return None
+    try:
+        return int(psutil.Process(pid).uids().real)
+    except (psutil.Error, OSError, AttributeError):
+        return None
+
+
+def executable_name(command: str) -> str:
+    """The base name of a command line's first word: all of another user's command shown."""
+    words = command.split()
+    return words[0].replace("\\", "/").rsplit("/", 1)[-1] if words else ""
+
+
+def _this_user() -> int | None:
+    getuid = getattr(os, "getuid", None)  # not on Windows
+    return getuid() if getuid is not None else None
+
+
 @dataclass
 class _Device:
     """A visible device with its handle and the fields read once."""
@@ -110,7 +158,9 @@ class NvmlBackend:
     """Reads one `Sample` per call to `read`; call it from one thread only.
 
     ``lib`` is the ``pynvml`` module by default (imported on first use). ``visible`` is a
-    ``CUDA_VISIBLE_DEVICES`` value; by default the environment's.
+    ``CUDA_VISIBLE_DEVICES`` value; by default the environment's. ``own_pids`` gives the
+    pids whose command lines are shown whoever owns them (the server passes its kernels'
+    process trees); ``command_of`` and ``owner_of`` read a process's command and real uid.
     """
 
     def __init__(
@@ -123,9 +173,15 @@ class NvmlBackend:
         retry_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         command_of: Callable[[int], str | None] = process_command,
+        owner_of: Callable[[int], int | None] = process_owner,
+        own_pids: Callable[[], Iterable[int]] = tuple,
     ) -> None:
         self._lib = lib
         self._command_of = command_of
+        self._owner_of = owner_of
+        self._own_pids = own_pids
+        self._uid = _this_user()
+        self._own: set[int] | None = None  # own_pids(), read at most once per read()
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if use_environment else visible
         self._log = log or logging.getLogger(__name__)
         self._retry_s = retry_s
@@ -296,6 +352,7 @@ class NvmlBackend:
         return tuple(ProcessRecord(pid, self._command(pid), used) for pid, used in memory.items())
 
     def _command(self, pid: int) -> str | None:
+        """The command shown for ``pid``, decided once while NVML keeps listing the pid."""
         if pid not in self._commands:
             command = self._command_of(pid)
             if command is None and hasattr(self._lib, "nvmlSystemGetProcessName"):
@@ -303,8 +360,18 @@ class NvmlBackend:
                     "nvmlSystemGetProcessName", self._lib.nvmlSystemGetProcessName, pid
                 )
                 command = _text(name) if name else None
+            if command is not None and not self._is_own(pid):
+                command = executable_name(command) or None
             self._commands[pid] = command
         return self._commands[pid]
+
+    def _is_own(self, pid: int) -> bool:
+        """Whether ``pid`` is this user's, or one of ``own_pids``; unknown owners are not."""
+        if self._uid is not None and self._owner_of(pid) == self._uid:
+            return True
+        if self._own is None:
+            self._own = set(self._own_pids())
+        return pid in self._own
 
     def _read_device(self, device: _Device) -> DeviceRecord:
         lib, handle = self._lib, device.handle
@@ -358,6 +425,7 @@ class NvmlBackend:
         failure = self._ensure_ready()
         if failure is not None or self._devices is None:
             return Sample.unavailable(now, interval_s, failure or Reason.UNKNOWN)
+        self._own = None
         devices = tuple(self._read_device(device) for device in self._devices)
         seen = {p.pid for d in devices for p in d.processes}
         self._commands = {pid: c for pid, c in self._commands.items() if pid in seen}

@@ -28,7 +28,7 @@ from traitlets.config import LoggingConfigurable
 from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S, Sampler, check_interval
 from jupyter_gpumem.server.handlers import ROUTES, SETTINGS_KEY
-from jupyter_gpumem.server.kernels import ReportedPids, running_kernel_pids
+from jupyter_gpumem.server.kernels import ReportedPids, kernel_trees, running_kernel_pids
 
 __all__ = ["GpuMem", "GpuMemApp"]
 
@@ -51,7 +51,7 @@ class GpuMem(LoggingConfigurable):
         klass=NvmlBackend,
         help="The class that reads the GPUs: NvmlBackend (NVML). Any other class is a "
         "stand-in for tests, built with spec=fake_spec and kernel_pids= (the running "
-        "kernels' pids) besides NvmlBackend's visible, use_environment and log.",
+        "kernels' pids) besides NvmlBackend's visible, use_environment, log and own_pids.",
     ).tag(config=True)
     # default_value by name: Dict's first positional parameter is the trait of its values,
     # and with that as None the default would be {}, as if the user had set it.
@@ -82,6 +82,8 @@ class GpuMem(LoggingConfigurable):
             "visible": self.visible_devices,
             "use_environment": self.visible_devices is None,
             "log": self.log,
+            # The kernels' processes keep their command lines whoever owns them.
+            "own_pids": lambda: kernel_trees(kernel_pids()),
         }
         if self.backend_class is NvmlBackend:
             if self.fake_spec is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "KernelProcesses",
     "ReportedPids",
     "descendants",
+    "kernel_trees",
     "match_processes",
     "request_kernel_pid",
     "running_kernel_pids",
@@ -118,6 +119,11 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def kernel_trees(kernel_pids: Iterable[int]) -> set[int]:
+    """The kernels' pids and all their descendants."""
+    return {pid for kernel_pid in kernel_pids for pid in descendants(kernel_pid)}
 
 
 def match_processes(sample: Sample | None, pids: Iterable[int]) -> tuple[KernelProcess, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -129,6 +130,36 @@ async def test_unsupported_fields_are_null_with_reasons(jp_fetch: Any) -> None:
     assert device["power_w"] is None and device["temperature_c"] is None
     assert device["reasons"] == {"power_w": "not supported", "temperature_c": "no permission"}
     assert device["memory_total_bytes"] == 16 * 2**30
+
+
+SECRET = "python serve.py --api-key=s3cret"
+
+
+@pytest.mark.parametrize(
+    "fake_spec",
+    [
+        {
+            "devices": [
+                {
+                    "name": "G",
+                    "processes": [
+                        {"pid": 101, "command": SECRET, "uid": os.getuid() + 1},
+                        {"pid": 102, "command": SECRET, "uid": None},
+                        {"pid": 103, "command": SECRET},  # the server user's
+                    ],
+                }
+            ]
+        }
+    ],
+)
+async def test_other_users_command_lines_are_not_served(jp_fetch: Any) -> None:
+    expected = {101: "python", 102: "python", 103: SECRET}
+    (device,) = (await get(jp_fetch, "sample"))["devices"]
+    assert {p["pid"]: p["command"] for p in device["processes"]} == expected
+    history = await get(jp_fetch, "history")
+    for sample in history["samples"]:
+        (device,) = sample["devices"]
+        assert {p["pid"]: p["command"] for p in device["processes"]} == expected
 
 
 @pytest.fixture

@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpumem.nvml.library import NvmlBackend, process_command
+from jupyter_gpumem.nvml.library import (
+    NvmlBackend,
+    executable_name,
+    process_command,
+    process_owner,
+)
 from jupyter_gpumem.nvml.readings import Reason, Sample
 from tests.support.nvml_fake import DEFAULT_SPEC, FakeNvml
 
@@ -175,3 +180,51 @@ def test_process_command_reads_proc() -> None:
     command = process_command(os.getpid())
     assert command is not None and "python" in command.lower()
     assert process_command(2**22 + 12345) is None  # above pid_max: never exists
+
+
+def test_process_owner_reads_the_real_uid() -> None:
+    assert process_owner(os.getpid()) == os.getuid()
+    assert process_owner(2**22 + 12345) is None
+
+
+SECRET = "/usr/bin/python3 serve.py --api-key=s3cret"
+
+
+@pytest.mark.parametrize(
+    ("uid", "shown"),
+    [
+        (os.getuid(), SECRET),  # this user's process keeps its command line
+        (os.getuid() + 1, "python3"),  # another user's: the executable's name only
+        (None, "python3"),  # an owner that cannot be read counts as another user's
+    ],
+)
+def test_other_users_command_lines_are_cut_to_the_executable(uid: int | None, shown: str) -> None:
+    (device,) = read(one_gpu(processes=[{"pid": 7, "command": SECRET, "uid": uid}])).devices
+    assert [p.command for p in device.processes] == [shown]
+
+
+def test_own_pids_keep_their_command_lines_whoever_owns_them() -> None:
+    processes = [
+        {"pid": 7, "command": SECRET, "uid": os.getuid() + 1},
+        {"pid": 8, "command": SECRET, "uid": None},
+        {"pid": 9, "command": SECRET, "uid": os.getuid() + 1},
+    ]
+    asked = []
+
+    def kernels() -> list[int]:
+        asked.append(1)
+        return [7, 8]
+
+    backend = FakeNvml.from_spec(one_gpu(processes=processes)).backend(
+        use_environment=False, own_pids=kernels
+    )
+    for _ in range(3):
+        (device,) = backend.read().devices
+        assert [p.command for p in device.processes] == [SECRET, SECRET, "python3"]
+    assert len(asked) == 1  # decided once per pid, not on every read
+
+
+def test_executable_name() -> None:
+    assert executable_name("/opt/conda/bin/python -m x --token=t") == "python"
+    assert executable_name(r"C:\Python\python.exe x.py") == "python.exe"
+    assert executable_name("  ") == ""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 import pytest
 from traitlets import TraitError
 
-from jupyter_gpumem.nvml.library import NvmlBackend
+from jupyter_gpumem.nvml.library import NvmlBackend, executable_name, process_command
 from jupyter_gpumem.nvml.readings import Reason, Sample
 from jupyter_gpumem.nvml.sampler import THREAD_NAME, Sampler
 from jupyter_gpumem.server.extension import GpuMem
@@ -47,6 +48,24 @@ def test_backend_class_is_a_backend_and_a_stand_in_gets_its_spec() -> None:
     (device,) = backend.read().devices
     assert device.name == "G0" and [p.pid for p in device.processes] == [4242]
     backend.close()
+
+
+def test_the_kernels_keep_their_command_lines_whoever_owns_them() -> None:
+    # The kernel is this test's process, run (so the stand-in says) by another user.
+    kernel = {"pid": "kernels", "uid": os.getuid() + 1, "memory_bytes": 1}
+    spec = {"devices": [{"name": "G0", "processes": [kernel]}]}
+    command = process_command(os.getpid())
+    assert command is not None and " " in command
+    config = GpuMem(backend_class="tests.support.nvml_fake.FakeNvmlBackend", fake_spec=spec)
+    served = config.make_backend(lambda: [os.getpid()])
+    (process,) = served.read().devices[0].processes
+    served.close()
+    assert (process.pid, process.command) == (os.getpid(), command)
+    # The same process, when it is no kernel the backend knows of, shows its executable only.
+    fake = FakeNvml.from_spec(spec)
+    fake.kernel_pids = lambda: [os.getpid()]
+    (process,) = fake.backend(use_environment=False).read().devices[0].processes
+    assert process.command == executable_name(command)
 
 
 def test_fake_spec_is_warned_about_only_when_set_with_real_nvml(

@@ -19,7 +19,8 @@ Spec (all keys optional)::
                   "memory_used_bytes": ..., "utilization_percent": ..., "temperature_c": ...,
                   "power_w": ...,
                   "errors": {"power_w": "not_supported"},   # per field, see FIELDS
-                  "processes": [{"pid": 123, "command": "python x.py", "memory_bytes": ...},
+                  "processes": [{"pid": 123, "command": "python x.py", "memory_bytes": ...,
+                                 "uid": 1001},
                                 {"pid": "kernels", "memory_bytes": ...}],
                   "mig": [{"uuid": "MIG-...", "name": ..., "memory_total_bytes": ...,
                            "memory_used_bytes": ..., "gpu_instance_id": 1,
@@ -27,17 +28,20 @@ Spec (all keys optional)::
 
 A process whose ``pid`` is ``"kernels"`` stands for every running kernel of the server
 (one process each, with the kernel's pid); ``memory_bytes: null`` means "not available".
+A process's ``uid`` is its owner (each kernel's, for ``"kernels"``): this user's where it
+is left out, and ``null`` for an owner that cannot be read.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpumem.nvml.library import NvmlBackend, process_command
+from jupyter_gpumem.nvml.library import NvmlBackend, process_command, process_owner
 
 __all__ = ["DEFAULT_SPEC", "ERROR_CODES", "FIELDS", "FakeNvml", "FakeNvmlBackend", "FakeNvmlError"]
 
@@ -121,6 +125,7 @@ class FakeProcess:
     pid: int | str
     command: str | None = None
     memory_bytes: int | None = None
+    uid: int | None = field(default_factory=os.getuid)  # the owner; None: cannot be read
 
 
 @dataclass
@@ -167,7 +172,10 @@ def _device(spec: Mapping[str, Any], position: str, prefix: str = "GPU") -> Fake
     for p in spec.get("processes") or []:
         if not (isinstance(p.get("pid"), int) or p.get("pid") == KERNELS):
             raise ValueError(f"{position}: a process pid must be an int or {KERNELS!r}")
-        processes.append(FakeProcess(p["pid"], p.get("command"), p.get("memory_bytes")))
+        uid = p.get("uid", os.getuid())
+        if not (uid is None or isinstance(uid, int)):
+            raise ValueError(f"{position}: a process uid must be an int or null")
+        processes.append(FakeProcess(p["pid"], p.get("command"), p.get("memory_bytes"), uid))
     mig = spec.get("mig")
     return FakeDevice(
         name=spec.get("name", "Fake GPU"),
@@ -225,7 +233,7 @@ class FakeNvml:
 
     def backend(self, **kwargs: Any) -> NvmlBackend:
         """The real `NvmlBackend` reading this stand-in, with the spec's process commands."""
-        return NvmlBackend(self, command_of=self.command_of, **kwargs)
+        return NvmlBackend(self, command_of=self.command_of, owner_of=self.owner_of, **kwargs)
 
     def command_of(self, pid: int) -> str | None:
         """The spec's command for ``pid`` if it names one, else the real one from /proc."""
@@ -234,6 +242,14 @@ class FakeNvml:
                 if p.pid == pid and p.command is not None:
                     return p.command
         return process_command(pid)
+
+    def owner_of(self, pid: int) -> int | None:
+        """The spec's owner of ``pid`` if the spec lists it, else the real one from /proc."""
+        for device in self._all_devices():
+            for p in device.processes:
+                if p.pid == pid or (p.pid == KERNELS and pid in self.kernel_pids()):
+                    return p.uid
+        return process_owner(pid)
 
     def _all_devices(self) -> list[FakeDevice]:
         return [d for gpu in self.devices for d in [gpu, *(gpu.mig or [])]]
@@ -360,4 +376,6 @@ class FakeNvmlBackend(NvmlBackend):
     ) -> None:
         self.fake = FakeNvml.from_spec(spec)
         self.fake.kernel_pids = kernel_pids
-        super().__init__(self.fake, command_of=self.fake.command_of, **options)
+        super().__init__(
+            self.fake, command_of=self.fake.command_of, owner_of=self.fake.owner_of, **options
+        )
