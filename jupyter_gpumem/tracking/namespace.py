@@ -62,9 +62,20 @@ _ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
 
 def _kind(value: Any) -> str:
     """``value`` as an error message may echo it: its type and repr, each cut to 40 characters."""
-    text = _ECHO.repr(value)
-    text = text if len(text) <= 40 else text[:39] + "…"
-    return f"{type(value).__name__[:40]} {text}"
+    return f"{type(value).__name__[:40]} {_shown(value)}"
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, cut to 40 characters (the first ones of a long string)."""
+    try:
+        text = _ECHO.repr(value)
+    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
+        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _digits(value: Any) -> str:
+    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""
 
 
 def roots(user_ns: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:

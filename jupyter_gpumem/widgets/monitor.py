@@ -230,5 +230,12 @@ _ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
 
 def _shown(value: Any) -> str:
     """``value`` as an error message may echo it: its repr, cut to 40 characters."""
-    text = _ECHO.repr(value)
+    try:
+        text = _ECHO.repr(value)
+    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
+        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
     return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _digits(value: Any) -> str:
+    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""

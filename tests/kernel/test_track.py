@@ -90,6 +90,8 @@ def test_a_name_that_is_not_a_string_is_blamed(shell: InteractiveShell, tracked:
     with pytest.raises(TypeError, match=r"got list \['xxxxxx.{0,40}$") as raised:
         jupyter_gpumem.track(shell.user_ns["t"], name=["x" * 100_000])  # type: ignore[arg-type]
     assert len(str(raised.value)) < 150
+    with pytest.raises(TypeError, match=r"got int <5001-digit int too long to show>$"):
+        jupyter_gpumem.track(shell.user_ns["t"], name=10**5000)  # type: ignore[arg-type]
 
 
 def test_an_object_without_weak_references_is_refused(tracked: Any) -> None:

@@ -102,6 +102,7 @@ DEVICES = "devices takes device indices (0, 1, ...), e.g. [0, 1], or None for ev
         ({"devices": 0}, TypeError, f"{DEVICES}; got int 0"),
         ({"devices": "0"}, TypeError, f"{DEVICES}; got str '0'"),
         ({"devices": [True]}, TypeError, f"{DEVICES}; got bool True among them"),
+        ({"devices": [-(10**5000)]}, ValueError, f"{DEVICES}; got <5001-digit int too long to show> among them"),
         ({"devices": ["x" * 10_000]}, TypeError, f"{DEVICES}; got str 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx' among them"),
     ],
 )  # fmt: skip
