@@ -3,13 +3,20 @@
 `labextension/src/wire/live.ts` mirrors these field names, and `tests/fixtures/sample.json`
 is read by both the Python and the TypeScript tests. Bytes are ints, seconds floats,
 and an unknown value is ``None`` (never 0), with the reason in ``reasons``.
+
+A sample's point of the sparklines (`Sample.memory_json`) is encoded once, when first asked
+for: each page load of the sidebar asks for the last minutes of them. The whole sample
+(tens of times larger on a busy machine) is encoded each time it is served, so that the
+history does not keep a second, encoded copy of itself.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -135,8 +142,27 @@ class Sample:
             devices=tuple(DeviceRecord.from_json(d) for d in data["devices"]),
         )
 
+    def memory_json(self) -> dict[str, Any]:
+        """The sample as a point of the sparklines: its time and each device's memory used."""
+        return {
+            "time": self.time,
+            "devices": [
+                {"index": d.index, "memory_used_bytes": d.memory_used_bytes} for d in self.devices
+            ],
+        }
+
+    @cached_property
+    def encoded_memory(self) -> str:
+        """`memory_json` as JSON text, encoded once (a few hundred bytes, unlike `to_json`)."""
+        return encode_json(self.memory_json())
+
     @classmethod
     def unavailable(cls, time: float, interval_s: float, reason: Reason | str) -> Sample:
         """A sample that says only why there is nothing to show."""
         text = reason.value if isinstance(reason, Reason) else reason
         return cls(time, interval_s, False, text, None, ())
+
+
+def encode_json(value: Any) -> str:
+    """Compact JSON text, with ``</`` escaped as tornado does for the JSON it writes."""
+    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from jupyter_gpumem.nvml.readings import Reason, Sample
@@ -124,6 +124,19 @@ class Sampler:
         self._history.append(sample)
         self._latest = sample
         self._first.set()
+
+    def extend(self, samples: Iterable[Sample]) -> None:
+        """Add samples read elsewhere, kept in time order (the oldest fall out first).
+
+        For benchmarks and tests that need a full history without waiting for it.
+        """
+        with self._lock:
+            merged = sorted([*self._history, *samples], key=lambda s: s.time)
+            self._history.clear()
+            self._history.extend(merged)
+            if self._history:
+                self._latest = self._history[-1]
+                self._first.set()
 
     def _run(self, read_now: bool) -> None:
         start = time.monotonic()

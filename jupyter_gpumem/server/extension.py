@@ -132,6 +132,9 @@ class GpuMemApp(ExtensionApp):
             "sampler": sampler,
             "backend": backend,
             "reported_pids": ReportedPids(),
+            # One history page is encoded at a time: a second encoding thread would only
+            # take the GIL from the event loop more often.
+            "history_turn": asyncio.Semaphore(1),
         }
         sampler.start()
         source = type(backend).__name__

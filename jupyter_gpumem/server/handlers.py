@@ -2,14 +2,14 @@
 
 `ROUTES` are relative to the server's ``base_url``; the ExtensionApp roots them there. Every
 verb is authenticated and authorised. No handler calls NVML: they read the latest
-sample (waiting briefly, without blocking the event loop, for the very first one). The
-kernel host memory handler reads a few small ``/proc`` files, which never block.
+sample (waiting briefly, without blocking the event loop, for the very first one), or a
+page of the history (`history`), encoded on a worker thread. The kernel host memory
+handler reads a few small ``/proc`` files, which never block.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -19,6 +19,7 @@ from jupyter_server.base.handlers import APIHandler
 
 from jupyter_gpumem.nvml.readings import Reason, Sample
 from jupyter_gpumem.nvml.sampler import Sampler
+from jupyter_gpumem.server.history import HistoryQuery, history_page
 from jupyter_gpumem.server.host import kernel_host
 from jupyter_gpumem.server.kernels import ReportedPids, kernel_processes
 from jupyter_gpumem.version import __version__
@@ -51,7 +52,8 @@ class GpuMemHandler(APIHandler):
             return Sample.unavailable(time.time(), sampler.interval_s, Reason.STARTING)
         return sample
 
-    def finish_json(self, body: dict[str, Any]) -> None:
+    def finish_json(self, body: dict[str, Any] | str) -> None:
+        """Answer ``body``: a JSON-able dict, or JSON text already encoded."""
         self.set_header("Cache-Control", "no-store")
         self.finish(body)
 
@@ -78,29 +80,21 @@ class SampleHandler(GpuMemHandler):
 
 
 class HistoryHandler(GpuMemHandler):
+    """Pages of the kept samples (see `history`), encoded on a worker thread."""
+
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        raw = self.get_query_argument("since", None)
-        since: float | None = None
-        if raw is not None:
-            try:
-                since = float(raw)
-            except ValueError:
-                since = math.nan
-            if not math.isfinite(since):
-                raise tornado.web.HTTPError(
-                    400,
-                    f"since={raw!r} is not allowed: give a unix time in seconds "
-                    "(e.g. since=1767225600.5), or leave it out for the whole history",
-                )
+        try:
+            query = HistoryQuery.parse(lambda name: self.get_query_argument(name, None))
+        except ValueError as error:
+            raise tornado.web.HTTPError(400, str(error)) from None
         sampler = self.sampler
-        self.finish_json(
-            {
-                "interval_s": sampler.interval_s,
-                "samples": [s.to_json() for s in sampler.history(since)],
-            }
-        )
+        async with self.settings[SETTINGS_KEY]["history_turn"]:
+            page = await asyncio.to_thread(
+                history_page, sampler.history(), sampler.interval_s, query
+            )
+        self.finish_json(page)
 
 
 class KernelHandler(GpuMemHandler):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -80,6 +81,15 @@ def test_fake_spec_is_warned_about_only_when_set_with_real_nvml(
         GpuMem(log=log, fake_spec={"devices": []}).make_backend(list)
     (record,) = caplog.records
     assert "c.GpuMem.fake_spec is ignored" in record.getMessage()
+
+
+def test_extend_keeps_the_history_in_time_order_and_bounded() -> None:
+    sampler, fake = make(history_s=1.0)  # 4 samples
+    template = fake.backend(use_environment=False).read(0.25)
+    sampler.extend(dataclasses.replace(template, time=t) for t in (5.0, 1.0, 3.0, 2.0, 4.0))
+    assert [s.time for s in sampler.history()] == [2.0, 3.0, 4.0, 5.0]
+    latest = sampler.latest()
+    assert latest is not None and latest.time == 5.0
 
 
 def test_start_is_idempotent_and_stop_joins_and_closes() -> None:
