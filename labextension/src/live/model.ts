@@ -7,14 +7,21 @@ import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IDevice, IGpuApi, IKernelHost, IKernelProcesses, ISample } from '../wire';
+import {
+  IDevice,
+  IGpuApi,
+  IKernelHost,
+  IKernelProcesses,
+  IMemoryPoint,
+  ISample,
+  memoryPoint
+} from '../wire';
 
 /** One point of a device's sparkline. */
 export interface IPoint {
   /** Unix time in seconds (server clock). */
   time: number;
   used_bytes: number | null;
-  utilization_percent: number | null;
 }
 
 export namespace GpuModel {
@@ -34,6 +41,12 @@ export namespace GpuModel {
 export const MIN_INTERVAL_S = 0.25;
 /** Longest wait between polls while backing off. */
 export const MAX_BACKOFF_S = 30;
+/**
+ * Most pages of history asked for on the first sample: the server answers up to
+ * 1000 points a page, and the longest window (60 minutes) at the shortest poll
+ * interval is 14400 points.
+ */
+export const MAX_BACKFILL_PAGES = 20;
 
 export class GpuModel implements IDisposable {
   constructor(options: GpuModel.IOptions) {
@@ -125,22 +138,18 @@ export class GpuModel implements IDisposable {
     return new Set([...k.pids, ...k.processes.map(p => p.pid)]);
   }
 
-  /** Samples of the last `window_s` seconds, oldest first. */
-  get history(): ReadonlyArray<ISample> {
+  /** What the sparklines draw of the last `window_s` seconds, oldest first. */
+  get history(): ReadonlyArray<IMemoryPoint> {
     return this._history;
   }
 
   /** One device's sparkline points, oldest first. */
   series(deviceIndex: number): IPoint[] {
     const points: IPoint[] = [];
-    for (const sample of this._history) {
-      const device = sample.devices.find(d => d.index === deviceIndex);
+    for (const point of this._history) {
+      const device = point.devices.find(d => d.index === deviceIndex);
       if (device) {
-        points.push({
-          time: sample.time,
-          used_bytes: device.memory_used_bytes,
-          utilization_percent: device.utilization_percent
-        });
+        points.push({ time: point.time, used_bytes: device.memory_used_bytes });
       }
     }
     return points;
@@ -191,21 +200,39 @@ export class GpuModel implements IDisposable {
   /** Append to the history; on the first sample, backfill from the server's buffer. */
   private async _record(sample: ISample): Promise<void> {
     if (this._history.length === 0 && sample.available) {
-      try {
-        const history = await this._api.history(sample.time - this._window_s);
-        this._history = history.samples.filter(s => s.time < sample.time);
-      } catch {
-        // Older servers or an empty buffer: the sparkline starts from now.
-      }
+      this._history = (await this._backfill(sample.time)).filter(p => p.time < sample.time);
     }
     const last = this._history[this._history.length - 1];
     if (!last || sample.time > last.time) {
-      this._history.push(sample);
+      this._history.push(memoryPoint(sample));
     }
     const oldest = sample.time - this._window_s;
     while (this._history.length && this._history[0].time < oldest) {
       this._history.shift();
     }
+  }
+
+  /**
+   * The server's points of the window before `time`, one per poll interval (what
+   * the sparklines draw, page after page). After a failure, what came before it: an
+   * older server answers no points, and the sparkline starts from now.
+   */
+  private async _backfill(time: number): Promise<IMemoryPoint[]> {
+    const points: IMemoryPoint[] = [];
+    let since = time - this._window_s;
+    try {
+      for (let page = 0; page < MAX_BACKFILL_PAGES; page++) {
+        const answer = await this._api.memoryHistory(since, this.interval_s);
+        points.push(...answer.points);
+        if (answer.next_since === null || !(answer.next_since > since)) {
+          break;
+        }
+        since = answer.next_since;
+      }
+    } catch {
+      // Keep the pages that came.
+    }
+    return points;
   }
 
   /**
@@ -235,7 +262,7 @@ export class GpuModel implements IDisposable {
   private _api: IGpuApi;
   private _changed = new Signal<this, void>(this);
   private _error: string | null = null;
-  private _history: ISample[] = [];
+  private _history: IMemoryPoint[] = [];
   private _kernelId: string | null = null;
   private _kernelHost: IKernelHost | null = null;
   private _kernelProcesses: IKernelProcesses | null = null;

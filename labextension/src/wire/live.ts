@@ -53,10 +53,31 @@ export interface ISample {
   devices: IDevice[];
 }
 
-/** `GET /jupyter-gpumem/api/history?since=<unix s>` */
+/**
+ * `GET /jupyter-gpumem/api/history?since=<unix s>&limit=<n>&step=<s>&view=full|memory`:
+ * one page of the samples the server keeps, oldest first. A page holds at most `limit`
+ * samples (1 to 1000, 1000 if left out) and about 512 KiB of them, one at least;
+ * `next_since` is the `since` of the next page, null on the last. `step` keeps the
+ * first sample of each `step`-second span of time. `view=memory` answers `IMemoryHistory`.
+ */
 export interface IHistory {
   interval_s: number;
   samples: ISample[];
+  next_since: number | null;
+}
+
+/** A sample as the sparklines draw it: its time and each device's memory used. */
+export interface IMemoryPoint {
+  /** Unix time in seconds. */
+  time: number;
+  devices: Array<{ index: number; memory_used_bytes: number | null }>;
+}
+
+/** `GET /jupyter-gpumem/api/history?view=memory&...`: a page of `IMemoryPoint`s. */
+export interface IMemoryHistory {
+  interval_s: number;
+  points: IMemoryPoint[];
+  next_since: number | null;
 }
 
 /** `GET /jupyter-gpumem/api/kernels/<kernel_id>/processes` */
@@ -145,7 +166,45 @@ export function parseHistory(value: unknown): IHistory {
     interval_s: num(o.interval_s, '.interval_s'),
     samples: array(o.samples, '.samples').map((s, i) =>
       parseSample(s, `.samples[${i}]`)
-    )
+    ),
+    next_since: optNum(o.next_since, '.next_since')
+  };
+}
+
+function parseMemoryPoint(value: unknown, path: string): IMemoryPoint {
+  const o = object(value, path);
+  return {
+    time: num(o.time, `${path}.time`),
+    devices: array(o.devices ?? [], `${path}.devices`).map((d, i) => {
+      const device = object(d, `${path}.devices[${i}]`);
+      return {
+        index: num(device.index, `${path}.devices[${i}].index`),
+        memory_used_bytes: optNum(
+          device.memory_used_bytes,
+          `${path}.devices[${i}].memory_used_bytes`
+        )
+      };
+    })
+  };
+}
+
+/** The point of the sparklines a polled sample adds. */
+export function memoryPoint(sample: ISample): IMemoryPoint {
+  return {
+    time: sample.time,
+    devices: sample.devices.map(d => ({
+      index: d.index,
+      memory_used_bytes: d.memory_used_bytes
+    }))
+  };
+}
+
+export function parseMemoryHistory(value: unknown): IMemoryHistory {
+  const o = object(value, '');
+  return {
+    interval_s: num(o.interval_s, '.interval_s'),
+    points: array(o.points, '.points').map((p, i) => parseMemoryPoint(p, `.points[${i}]`)),
+    next_since: optNum(o.next_since, '.next_since')
   };
 }
 

@@ -11,11 +11,13 @@ import {
   IHistory,
   IKernelHost,
   IKernelProcesses,
+  IMemoryHistory,
   ISample,
   parseHealth,
   parseHistory,
   parseKernelHost,
   parseKernelProcesses,
+  parseMemoryHistory,
   parseSample
 } from './live';
 
@@ -84,13 +86,34 @@ export async function fetchSample(
   return parseSample(await requestAPI('sample', settings));
 }
 
-/** The samples newer than `since` (unix seconds) still in the server's ring buffer. */
+/**
+ * The first page of the samples newer than `since` (unix seconds) still in the
+ * server's ring buffer; `next_since` asks for the next.
+ */
 export async function fetchHistory(
   since: number,
   settings?: ServerConnection.ISettings
 ): Promise<IHistory> {
   return parseHistory(
     await requestAPI('history', settings, { since: String(since) })
+  );
+}
+
+/**
+ * The first page of what the sparklines draw (each device's memory used) newer than
+ * `since`, one point per `step_s` seconds; `next_since` asks for the next.
+ */
+export async function fetchMemoryHistory(
+  since: number,
+  step_s: number,
+  settings?: ServerConnection.ISettings
+): Promise<IMemoryHistory> {
+  return parseMemoryHistory(
+    await requestAPI('history', settings, {
+      view: 'memory',
+      since: String(since),
+      step: String(step_s)
+    })
   );
 }
 
@@ -115,7 +138,7 @@ export async function fetchKernelHost(
 /** What the model needs from the server; tests pass a fake. */
 export interface IGpuApi {
   sample(): Promise<ISample>;
-  history(since: number): Promise<IHistory>;
+  memoryHistory(since: number, step_s: number): Promise<IMemoryHistory>;
   kernelProcesses(kernelId: string): Promise<IKernelProcesses>;
   kernelHost(kernelId: string): Promise<IKernelHost>;
 }
@@ -126,7 +149,7 @@ export function serverApi(
 ): IGpuApi {
   return {
     sample: () => fetchSample(settings),
-    history: since => fetchHistory(since, settings),
+    memoryHistory: (since, step_s) => fetchMemoryHistory(since, step_s, settings),
     kernelProcesses: kernelId => fetchKernelProcesses(kernelId, settings),
     kernelHost: kernelId => fetchKernelHost(kernelId, settings)
   };

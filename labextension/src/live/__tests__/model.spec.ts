@@ -1,8 +1,16 @@
 import { Poll } from '@lumino/polling';
 
 import { fixture } from '../../__tests__/helpers';
-import { IGpuApi, IHistory, IKernelHost, IKernelProcesses, ISample, parseSample } from '../../wire';
-import { busiestDevice, GpuModel } from '../model';
+import {
+  IGpuApi,
+  IKernelHost,
+  IKernelProcesses,
+  IMemoryHistory,
+  ISample,
+  memoryPoint,
+  parseSample
+} from '../../wire';
+import { busiestDevice, GpuModel, MAX_BACKFILL_PAGES } from '../model';
 
 function sampleAt(time: number, used0 = 17716740096): ISample {
   const sample = parseSample(fixture('sample.json'));
@@ -14,10 +22,16 @@ function sampleAt(time: number, used0 = 17716740096): ISample {
 /** A fake server whose answers the test scripts, one call at a time. */
 class FakeApi implements IGpuApi {
   samples: Array<ISample | Error> = [];
-  historyAnswer: IHistory | Error = { interval_s: 1, samples: [] };
+  /** The pages of history, answered in turn (the last one again once they run out). */
+  historyPages: Array<IMemoryHistory | Error> = [{ interval_s: 1, points: [], next_since: null }];
   kernelAnswer: IKernelProcesses | Error = new Error('404 unknown kernel');
   hostAnswer: IKernelHost | Error = new Error('404 unknown kernel');
-  calls = { sample: 0, history: [] as number[], kernel: [] as string[], host: [] as string[] };
+  calls = {
+    sample: 0,
+    history: [] as Array<[number, number]>,
+    kernel: [] as string[],
+    host: [] as string[]
+  };
 
   async sample(): Promise<ISample> {
     this.calls.sample++;
@@ -31,12 +45,13 @@ class FakeApi implements IGpuApi {
     return next;
   }
 
-  async history(since: number): Promise<IHistory> {
-    this.calls.history.push(since);
-    if (this.historyAnswer instanceof Error) {
-      throw this.historyAnswer;
+  async memoryHistory(since: number, step_s: number): Promise<IMemoryHistory> {
+    this.calls.history.push([since, step_s]);
+    const page = this.historyPages.length > 1 ? this.historyPages.shift()! : this.historyPages[0];
+    if (page instanceof Error) {
+      throw page;
     }
-    return this.historyAnswer;
+    return page;
   }
 
   async kernelProcesses(kernelId: string): Promise<IKernelProcesses> {
@@ -95,16 +110,71 @@ describe('GpuModel', () => {
 
   it('polls a sample and backfills the sparkline from the history', async () => {
     api.samples.push(sampleAt(1000));
-    api.historyAnswer = { interval_s: 1, samples: [sampleAt(930), sampleAt(980), sampleAt(990)] };
+    const points = [sampleAt(930), sampleAt(980, 5), sampleAt(990)].map(memoryPoint);
+    api.historyPages = [{ interval_s: 1, points, next_since: null }];
     const done = phase(model.poll, 'resolved', 'rejected');
     void model.start();
     expect(await done).toBe('resolved');
     expect(model.error).toBeNull();
     expect(model.sample?.time).toBe(1000);
-    expect(api.calls.history).toEqual([940]);
+    // The window's points, one per poll interval (1 s).
+    expect(api.calls.history).toEqual([[940, 1]]);
     // 930 is older than the 60 s window and is dropped.
     expect(model.history.map(s => s.time)).toEqual([980, 990, 1000]);
-    expect(model.series(0).map(p => p.time)).toEqual([980, 990, 1000]);
+    expect(model.series(0)).toEqual([
+      { time: 980, used_bytes: 5 },
+      { time: 990, used_bytes: 17716740096 },
+      { time: 1000, used_bytes: 17716740096 }
+    ]);
+  });
+
+  it('asks for the pages of the history one after the other', async () => {
+    api.samples.push(sampleAt(1000));
+    const page = (times: number[], next_since: number | null): IMemoryHistory => ({
+      interval_s: 1,
+      points: times.map(t => memoryPoint(sampleAt(t))),
+      next_since
+    });
+    api.historyPages = [page([950, 960], 960), page([970, 980], 980), page([990], null)];
+    const done = phase(model.poll, 'resolved', 'rejected');
+    void model.start();
+    expect(await done).toBe('resolved');
+    expect(api.calls.history).toEqual([
+      [940, 1],
+      [960, 1],
+      [980, 1]
+    ]);
+    expect(model.history.map(s => s.time)).toEqual([950, 960, 970, 980, 990, 1000]);
+  });
+
+  it('asks for a bounded number of pages, and keeps those that came before a failure', async () => {
+    api.samples.push(sampleAt(1000), sampleAt(1001));
+    let next = 941;
+    api.historyPages = [];
+    for (let n = 0; n < MAX_BACKFILL_PAGES + 5; n++) {
+      api.historyPages.push({ interval_s: 1, points: [], next_since: next++ });
+    }
+    let done = phase(model.poll, 'resolved', 'rejected');
+    void model.start();
+    expect(await done).toBe('resolved');
+    expect(api.calls.history).toHaveLength(MAX_BACKFILL_PAGES);
+
+    // A fresh model, whose second page fails: the first page's points stay.
+    model.dispose();
+    model = new GpuModel({ api, interval_s: 2, window_s: 60, standby: 'never' });
+    api.calls.history = [];
+    api.historyPages = [
+      { interval_s: 1, points: [memoryPoint(sampleAt(950))], next_since: 950 },
+      new Error('502 Bad Gateway')
+    ];
+    done = phase(model.poll, 'resolved', 'rejected');
+    void model.start();
+    expect(await done).toBe('resolved');
+    expect(api.calls.history).toEqual([
+      [941, 2],
+      [950, 2]
+    ]);
+    expect(model.history.map(s => s.time)).toEqual([950, 1001]);
   });
 
   it('throws from the factory on errors, so that the poll backs off, and recovers', async () => {

@@ -12,8 +12,7 @@ function props(overrides: Partial<ISidebarProps> = {}): ISidebarProps {
   const series = (index: number): IPoint[] =>
     [0, 10, 20].map(dt => ({
       time: sample.time - 20 + dt,
-      used_bytes: sample.devices[index].memory_used_bytes,
-      utilization_percent: null
+      used_bytes: sample.devices[index].memory_used_bytes
     }));
   return {
     sample,

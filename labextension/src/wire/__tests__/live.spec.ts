@@ -1,6 +1,13 @@
 import { fixture } from '../../__tests__/helpers';
 import { WireFormatError } from '../json';
-import { parseHistory, parseKernelHost, parseKernelProcesses, parseSample } from '../live';
+import {
+  memoryPoint,
+  parseHistory,
+  parseKernelHost,
+  parseKernelProcesses,
+  parseMemoryHistory,
+  parseSample
+} from '../live';
 
 describe('parseSample', () => {
   it('reads the shared sample fixture', () => {
@@ -39,10 +46,36 @@ describe('parseSample', () => {
     expect(() => parseSample(bad)).toThrow('.devices[1].memory_used_bytes');
   });
 
-  it('reads a history answer', () => {
+  it('reads a history answer, paged or from an older server', () => {
     const sample = fixture('sample.json');
-    const history = parseHistory({ interval_s: 1, samples: [sample, sample] });
+    const history = parseHistory({ interval_s: 1, samples: [sample, sample], next_since: 5 });
     expect(history.samples).toHaveLength(2);
+    expect(history.next_since).toBe(5);
+    expect(parseHistory({ interval_s: 1, samples: [] }).next_since).toBeNull();
+  });
+});
+
+describe('parseMemoryHistory', () => {
+  it('reads the points the sparklines draw, as a polled sample makes them', () => {
+    const sample = parseSample(fixture('sample.json'));
+    const point = memoryPoint(sample);
+    expect(point).toEqual({
+      time: sample.time,
+      devices: [
+        { index: 0, memory_used_bytes: 17716740096 },
+        { index: 1, memory_used_bytes: 4311744512 }
+      ]
+    });
+    const history = parseMemoryHistory({ interval_s: 0.25, points: [point], next_since: null });
+    expect(history).toEqual({ interval_s: 0.25, points: [point], next_since: null });
+  });
+
+  it('names the path of a malformed point, and refuses an answer without points', () => {
+    const bad = { interval_s: 1, points: [{ time: 1, devices: [{ index: 'zero' }] }] };
+    expect(() => parseMemoryHistory(bad)).toThrow('.points[0].devices[0].index');
+    expect(() => parseMemoryHistory({ interval_s: 1, samples: [] })).toThrow(
+      'expected an array at .points'
+    );
   });
 });
 

@@ -6,6 +6,7 @@ import {
   fetchHistory,
   fetchKernelHost,
   fetchKernelProcesses,
+  fetchMemoryHistory,
   fetchSample
 } from '../request';
 
@@ -36,6 +37,19 @@ describe('request', () => {
     const { settings, urls } = settingsAnswering(200, JSON.stringify({ interval_s: 1, samples: [] }));
     await fetchHistory(1767225600.5, settings);
     expect(urls[0]).toBe('http://localhost:8888/base/jupyter-gpumem/api/history?since=1767225600.5');
+  });
+
+  it('asks for the memory view of the history, one point per step', async () => {
+    const body = {
+      interval_s: 0.25,
+      points: [{ time: 1767225601, devices: [{ index: 0, memory_used_bytes: 1024 }] }],
+      next_since: 1767225601
+    };
+    const { settings, urls } = settingsAnswering(200, JSON.stringify(body));
+    expect(await fetchMemoryHistory(1767225600.5, 1, settings)).toEqual(body);
+    expect(urls).toEqual([
+      'http://localhost:8888/base/jupyter-gpumem/api/history?view=memory&since=1767225600.5&step=1'
+    ]);
   });
 
   it('escapes the kernel id in the path', async () => {
