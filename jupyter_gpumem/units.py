@@ -27,14 +27,14 @@ SIZE_HELP = (
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text`` ("512MiB", "2.5GB", "1024"); ValueError says what is allowed."""
+    """Bytes in ``text`` ("512MiB", "2.5GB", "1024"); ValueError says what is allowed, once."""
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(f"{text!r} is not {SIZE_HELP}")
     value = float(match.group(1)) * _UNITS[unit]
     if value <= 0:
-        raise ValueError(f"{text!r} must be greater than zero")
+        raise ValueError(f"{text!r} must be greater than zero: give {SIZE_HELP}")
     return round(value)
 
 

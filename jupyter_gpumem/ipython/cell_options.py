@@ -23,13 +23,14 @@ from jupyter_gpumem.session import MeasureOptions, RecordOptions
 from jupyter_gpumem.units import SIZE_HELP, parse_size
 
 CELL_USAGE = (
-    "%%gpumem [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
+    "%%gpumem [-h] [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
     "[--top N] [--no-trace] [--quiet]"
 )
 CELL_HELP = f"""Track the memory of a cell: exact peak allocated/reserved per device.
 
 usage: {CELL_USAGE}
 
+  -h, --help       show this help; the cell is not run (so does %%gpumem?)
   -o VAR           store the report in the variable VAR
   --name LABEL     label the report
   --device N|all   report device N, or every device (default: the devices the cell used)
@@ -41,9 +42,13 @@ usage: {CELL_USAGE}
 
 Values are quoted as in a shell (--name "two words"); --opt=VALUE also works.
 """
+# IPython shows a UsageError as "UsageError: <message>" and does not run the cell: the one way
+# to answer --help from here (the magic runs the cell whenever parse_options returns).
+HELP_SHOWN = f"help for %%gpumem (the cell was not run)\n\n{CELL_HELP}"
 
 _VALUED = ("-o", "--name", "--device", "--budget", "--snapshot", "--top")
 _FLAGS = ("--no-trace", "--quiet")
+_HELP = ("-h", "--help")
 # Names IPython keeps in the user namespace; binding a report to one breaks the next cell.
 _IPYTHON_NAMES = frozenset(
     {"In", "Out", "get_ipython", "exit", "quit", "_oh", "_dh", "_ih", "_exit_code", "_sh"}
@@ -78,8 +83,15 @@ def split_words(line: str, usage: str) -> list[str]:
 
 
 def parse_options(line: str, *, reserved: Collection[str] = ()) -> Options:
-    """Validate `%%gpumem` options; ``reserved`` are more names ``-o`` may not take."""
-    given = _given(split_words(line, CELL_USAGE))
+    """Validate `%%gpumem` options; ``reserved`` are more names ``-o`` may not take.
+
+    ``-h``/``--help`` anywhere an option may stand raises a UsageError whose message is the
+    help, before any other option is judged.
+    """
+    words = split_words(line, CELL_USAGE)
+    if _asks_help(words):
+        raise UsageError(HELP_SHOWN)
+    given = _given(words)
     output = given.get("-o")
     if output is not None:
         check_variable(output, reserved)
@@ -125,6 +137,17 @@ def check_variable(name: str, reserved: Collection[str] = ()) -> None:
         raise UsageError(f"-o needs {VARIABLE_HELP}; got {name!r}")
 
 
+def _asks_help(words: list[str]) -> bool:
+    """Whether ``-h`` or ``--help`` stands where an option may (not as ``--name``'s value)."""
+    it = iter(words)
+    for word in it:
+        if word in _HELP:
+            return True
+        if word in _VALUED:
+            next(it, None)
+    return False
+
+
 def _given(words: list[str]) -> dict[str, str]:
     """Option -> value ('' for flags); unknown, abbreviated, repeated or valueless options raise."""
     given: dict[str, str] = {}
@@ -165,7 +188,7 @@ def _unknown(word: str) -> str:
     if not word.startswith("-"):
         return f"unexpected {word!r}: %%gpumem takes only options\nusage: {CELL_USAGE}"
     option = word.partition("=")[0]
-    near = [o for o in _VALUED + _FLAGS if o.startswith(option) and len(option) > 2]
+    near = [o for o in _VALUED + _FLAGS + _HELP if o.startswith(option) and len(option) > 2]
     hint = f" (options are spelled out in full: {' or '.join(near)})" if near else ""
     return f"unknown option {option!r}{hint}\nusage: {CELL_USAGE}"
 
@@ -190,8 +213,9 @@ def _budget(value: str | None) -> int | None:
     try:
         budget = parse_size(value)
     except (ValueError, OverflowError) as exc:
-        reason = exc if isinstance(exc, ValueError) else f"{value!r} is too large"
-        raise UsageError(f"--budget: {reason}; give {SIZE_HELP}") from None
+        # parse_size's message says what is allowed; it is not repeated here
+        reason = exc if isinstance(exc, ValueError) else f"{value!r} is too large; give {SIZE_HELP}"
+        raise UsageError(f"--budget: {reason}") from None
     if budget < 1:
         raise UsageError(f"--budget needs at least one byte, got {value!r}; give {SIZE_HELP}")
     return budget

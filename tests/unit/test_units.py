@@ -18,6 +18,19 @@ def test_parse_size_rejects_with_the_allowed_forms(text: str) -> None:
         parse_size(text)
 
 
+def test_parse_size_says_what_is_allowed_exactly_once() -> None:
+    from jupyter_gpumem.units import SIZE_HELP
+
+    for text, message in [
+        ("lots", f"'lots' is not {SIZE_HELP}"),
+        ("0GiB", f"'0GiB' must be greater than zero: give {SIZE_HELP}"),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            parse_size(text)
+        assert str(caught.value) == message
+        assert str(caught.value).count("a size such as") == 1
+
+
 def test_format_bytes() -> None:
     assert format_bytes(0) == "0 B"
     assert format_bytes(1536) == "1.50 KiB"
