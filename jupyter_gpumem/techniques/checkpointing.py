@@ -15,6 +15,9 @@ Known limitations:
   arguments included); randomness on a device that no argument lives on is not replayed.
 - "blocks" finds modules that repeat by class; blocks that differ in class (a stack of
   hand-written layers of different types) need a regex or a list of names.
+- A checkpointed single layer (a Linear, a Conv) keeps its input for backward, as the layer
+  itself would, so it frees next to nothing; ``region_warnings`` says so, naming the case where
+  "blocks" found only such layers (an MLP in an ``nn.Sequential``).
 """
 
 from __future__ import annotations
@@ -259,10 +262,36 @@ class Checkpointing:
         return problems
 
 
+def single_layers_warning(model: nn.Module, targets: list[str]) -> str | None:
+    """Why checkpointing ``targets`` frees next to nothing: each is a single layer; else None.
+
+    A model whose only repeated modules are layers (an MLP's Linears in an ``nn.Sequential``)
+    has no repeated blocks; "blocks" then finds those layers, and the warning says so.
+    """
+    modules = [model.get_submodule(name) for name in targets]
+    if not modules or any(any(True for _ in m.children()) for m in modules):
+        return None
+    kinds = ", ".join(sorted({type(m).__name__ for m in modules}))
+    found = (
+        "checkpoint='blocks' found no repeated blocks in this model, only repeated single layers"
+        if list(targets) == blocks(model)
+        else "every checkpointed module is a single layer"
+    )
+    return (
+        f"{found} ({_some(list(targets))}: {kinds}): a checkpointed layer keeps its input for "
+        "backward, as the layer itself does, so next to nothing is freed. Checkpoint modules "
+        "that hold several layers (a tuple of names or a regex)."
+    )
+
+
 def region_warnings(model: nn.Module, targets: list[str]) -> list[str]:
-    """BatchNorm inside regions (running stats update twice) and regions too big to save."""
+    """BatchNorm inside regions (running stats update twice), regions too big to save, and
+    regions of a single layer (nothing to save)."""
     total = sum(p.numel() for p in model.parameters())
     out = []
+    single = single_layers_warning(model, targets)
+    if single is not None:
+        out.append(single)
     with_norms: list[tuple[str, list[str]]] = []
     for name in targets:
         region = model.get_submodule(name)

@@ -303,3 +303,40 @@ def test_attributes_the_forward_writes_are_put_back() -> None:
     est = Trial(model, torch.randn(4, 8), lambda m, b: m(b).sum(), optimizer=opt).estimate()
     assert est.peak_bytes is not None
     assert model.last is None and not hasattr(model.fc, "seen")
+
+
+def test_blocks_of_single_layers_say_that_nothing_is_freed() -> None:
+    """An MLP in an nn.Sequential has no repeated blocks, only repeated Linears: "blocks"
+    checkpoints those, which frees nothing, and the estimate, the run and its row say so."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    trial = Trial(mlp, torch.randn(32, 16), _mlp_loss, optimizer=opt, warmup=1, steps=1)
+    said = "checkpoint='blocks' found no repeated blocks in this model, only repeated single layers"
+    base, est = trial.estimate(), trial.estimate(checkpoint="blocks")
+    assert est.peak_bytes == base.peak_bytes  # nothing freed, as the note says
+    (note,) = est.notes
+    assert note.startswith(f"{said} ('0', '2': Linear)") and "next to nothing is freed" in note
+    assert f"note: {said}" in est.text() and base.notes == ()
+    with pytest.warns(UserWarning, match="found no repeated blocks"):
+        run = trial.run(Config(checkpoint="blocks"))
+    assert run.status == "ok" and note in run.warnings
+    assert run.to_row()["configuration"] == "ckpt blocks"
+    by_name = trial.estimate(checkpoint=("0",))  # named by hand: no word of "blocks"
+    assert by_name.notes[0].startswith("every checkpointed module is a single layer ('0': Linear)")
+
+    class TwoLayers(nn.Module):  # nothing repeats at all: an error that says what to do
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x).relu())
+
+    flat = TwoLayers()
+    none = Trial(flat, torch.randn(4, 16), _mlp_loss, warmup=1, steps=1).estimate(
+        checkpoint="blocks"
+    )
+    assert none.peak_bytes is None and none.reason is not None
+    assert "'blocks' found no repeated blocks in TwoLayers" in none.reason
+    assert "Name the modules to checkpoint instead" in none.reason

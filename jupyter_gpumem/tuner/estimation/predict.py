@@ -13,7 +13,8 @@ makes anyway, and the user's model, optimizer and random state are untouched::
     workload.run(Config(checkpoint="blocks")).vs_estimate  # "estimated 6.9 GiB, measured 7.0 GiB (-1.2%)"
 
 What cannot run on fake tensors gives an Estimate with ``peak_bytes=None`` and the ``reason``;
-:func:`max_batch_size` then raises :class:`EstimateUnavailable` with it.
+:func:`max_batch_size` then raises :class:`EstimateUnavailable` with it. The estimate's notes carry
+what the run will warn about its checkpointed regions (e.g. "blocks" that are single layers).
 
 Known limitations:
 - Workspaces that kernels allocate for themselves inside one op (cuDNN convolutions, attention
@@ -101,7 +102,7 @@ def estimate_workload(
         )
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)
-    notes: list[str] = []
+    notes = checkpoint_notes(workload.model, config)
     if cuda:
         assert facts is not None
         drop = _cleared(torch, workload, device, keep=set(run.real.values()), batch=not own_batch)
@@ -126,6 +127,20 @@ def estimate_workload(
         notes=tuple(notes),
         config=config,
     )
+
+
+def checkpoint_notes(model: Any, config: Config) -> list[str]:
+    """What the run will warn about its checkpointed regions (single layers that free nothing,
+    BatchNorm updated twice, a region too big to save), so that the estimate says it too."""
+    from jupyter_gpumem.techniques.checkpointing import checkpoint_targets, region_warnings
+
+    if config.checkpoint is None:
+        return []
+    try:
+        targets = checkpoint_targets(model, config.checkpoint, config.every)
+    except ValueError:  # the fake step fails on it and the estimate gives the reason
+        return []
+    return region_warnings(model, targets)
 
 
 def _cleared(
