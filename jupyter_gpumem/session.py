@@ -34,7 +34,7 @@ from jupyter_gpumem import logbook
 from jupyter_gpumem.analysis.leak_hints import LeakHint, growth_hint
 from jupyter_gpumem.analysis.peaks import replay_window
 from jupyter_gpumem.analysis.replay import layout_after
-from jupyter_gpumem.gc_pause import pausing
+from jupyter_gpumem.gc_pause import paused, pausing
 from jupyter_gpumem.report.build import build_report
 from jupyter_gpumem.report.record import DeviceReport, Report
 from jupyter_gpumem.tracking.process import process_bytes
@@ -103,14 +103,34 @@ class Measurement:
         )
         self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
         self._token: int | None = None
+        self._rank_results: tuple[tuple[Report, ...], tuple[str, ...]] = ((), ())
         self._hint_notes: tuple[str, ...] = ()  # what the leak check could not look at
 
-    @pausing
     def start(self) -> None:
-        if self._ranks is not None and not self._ranks.start():
-            self._ranks = None  # an outer block collects the workers' reports
-        self._token = recording_started(self._abandon)
-        self._recorder.start()
+        """Start recording; interrupted or failing half-way, it leaves nothing started."""
+        try:
+            with paused():
+                if self._ranks is not None and not self._ranks.start():
+                    self._ranks = None  # an outer block collects the workers' reports
+                self._token = recording_started(self._abandon)
+                self._recorder.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Take away all that ``start`` installed (hooks, modes, the rank collection).
+
+        ``finish`` does this first; an owner whose ``finish`` was cut short (Ctrl-C) calls it
+        again. Safe to call any number of times.
+        """
+        self._recorder.close()
+        if self._token is not None:
+            recording_stopped(self._token)
+            self._token = None
+        if self._ranks is not None:
+            self._rank_results = self._ranks.finish()
+            self._ranks = None
 
     def _abandon(self) -> None:
         """In a forked worker: stop this copy of the kernel's recording, keeping nothing."""
@@ -123,9 +143,8 @@ class Measurement:
             try:
                 recording = self._recorder.stop(error)
             finally:
-                if self._token is not None:
-                    recording_stopped(self._token)
-                ranks, rank_notes = self._ranks.finish() if self._ranks is not None else ((), ())
+                self.close()
+            ranks, rank_notes = self._rank_results
             if not analyse:
                 return None
             opts = self.options
@@ -188,7 +207,10 @@ def measure(
         error = exc
         raise
     finally:
-        measurement.finish(error)
+        try:
+            measurement.finish(error)
+        finally:
+            measurement.close()  # already done, unless a Ctrl-C cut finish short
         del error  # its frames hold the block's tensors
 
 
@@ -259,8 +281,9 @@ def record(
             "record() needs a file to write, e.g. record('run.json'), unless it runs under a "
             "%%gpumem cell"
         )
-    if path is not None and not Path(path).parent.is_dir():
-        raise ValueError(f"record({os.fspath(path)!r}): its folder does not exist")
+    if path is not None:
+        _check_writable(path)
+    rank = current_rank()  # a RANK that is not a number is refused before the block runs
     measurement = Measurement(MeasureOptions(name=name, log=False, ranks=False), namespace)
     measurement.start()
     error: BaseException | None = None
@@ -270,10 +293,13 @@ def record(
         error = exc
         raise
     finally:
-        report = measurement.finish(error)
+        try:
+            report = measurement.finish(error)
+        finally:
+            measurement.close()  # already done, unless a Ctrl-C cut finish short
         del error  # its frames hold the block's tensors
         if report is not None:
-            rank = current_rank()
+            rank = _rank_now(rank)
             report = replace(report, name=name or f"rank {rank}", rank=rank, pid=os.getpid())
             measurement.report = report
             try:
@@ -284,3 +310,27 @@ def record(
                     write_report(folder, rank, report.to_dict())
             except OSError as exc:
                 warnings.warn(f"jupyter_gpumem could not write the report: {exc!r}", stacklevel=3)
+
+
+def _check_writable(path: str | os.PathLike[str]) -> None:
+    """ValueError, before the block runs, for a path ``record`` could not write its file to."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"record() takes a file path such as 'run.json', got {type(path).__name__}")
+    shown = repr(os.fspath(path))[:80]
+    if not os.fspath(path) or Path(path).name in ("", ".", ".."):
+        raise ValueError(f"record({shown}): give a file name, such as 'run.json'")
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ValueError(f"record({shown}): its folder does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"record({shown}): its folder cannot be written")
+    if Path(path).is_dir():
+        raise ValueError(f"record({shown}): that is a folder; give a file name inside it")
+
+
+def _rank_now(at_start: int) -> int:
+    """The rank at the block's end (torch.distributed may have come up in it), else at its start."""
+    try:
+        return current_rank()
+    except ValueError:
+        return at_start

@@ -57,7 +57,8 @@ class GpuMemMagics(Magics):
         opts = parse_options(line, reserved=shell.user_ns_hidden)
         self._check_devices(opts)
         running = cell_run.running_cell(shell, cell)
-        awaited = running is not None and running.awaited
+        # awaited as the cell itself, or by a body that awaits a nested run_cell_magic
+        awaited = running.awaited if running is not None else cell_run.result_awaited()
         count = cell_run.cell_count(shell)
         prepared = cell_run.Outcome()
         body = cell_run.prepare(shell, cell, count, running, prepared)
@@ -109,13 +110,17 @@ class GpuMemMagics(Magics):
         escaped: BaseException | None = None
         measurement.start()
         try:
-            await cell_run.run(shell, body, outcome, silent=running is not None and running.silent)
-        except BaseException as exc:  # an interrupt that arrived outside the body's own code
-            escaped = exc
-            raise
+            try:
+                silent = running is not None and running.silent
+                await cell_run.run(shell, body, outcome, silent=silent)
+            except BaseException as exc:  # an interrupt that arrived outside the body's own code
+                escaped = exc
+                raise
+            finally:
+                error = outcome.error if outcome.error is not None else escaped
+                self._finish(measurement, opts, error)
         finally:
-            error = outcome.error if outcome.error is not None else escaped
-            self._finish(measurement, opts, error)
+            measurement.close()  # already done, unless a Ctrl-C cut the report short
         cell_run.fail(shell, running, outcome)
 
     @pausing  # the analysis and its display: see jupyter_gpumem.gc_pause

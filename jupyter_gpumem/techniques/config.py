@@ -17,7 +17,8 @@ OPTIMIZERS = (
     "lion",
 )
 PARALLELS = ("ddp", "fsdp2")
-WORLD_SIZES_HELP = "world_size is the number of ranks: a whole number >= 1"
+MAX_WORLD_SIZE = 1024  # the ranks an estimate plays or a machine forks, at most
+WORLD_SIZES_HELP = f"world_size is the number of ranks: a whole number from 1 to {MAX_WORLD_SIZE}"
 CHECKPOINT_HELP = (
     "checkpoint takes 'blocks' (the model's repeated blocks: same-class modules in an "
     "nn.ModuleList or nn.Sequential, or used throughout the model like a ResNet's Bottlenecks), "
@@ -76,10 +77,16 @@ def check_parallel(parallel: object, world_size: object) -> str | None:
     """The strategy name, or ValueError saying what is allowed with ``world_size``."""
     if parallel is not None and parallel not in PARALLELS:
         raise ValueError(
-            f"unknown parallel strategy {parallel!r}; choose one of {', '.join(PARALLELS)} (or None)"
+            f"unknown parallel strategy {repr(parallel)[:40]}; choose one of "
+            f"{', '.join(PARALLELS)} (or None)"
         )
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"{WORLD_SIZES_HELP}, got {world_size!r}")
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, int)
+        or not 1 <= world_size <= MAX_WORLD_SIZE
+    ):
+        huge = isinstance(world_size, int) and abs(world_size) >= 10**40
+        raise ValueError(f"{WORLD_SIZES_HELP}, got {'a huge number' if huge else repr(world_size)[:40]}")
     if parallel is None and world_size != 1:
         raise ValueError(
             f"world_size={world_size} needs a strategy: parallel='ddp' or parallel='fsdp2'"

@@ -474,6 +474,19 @@ class CudaSession:
         return None
 
     # -- finish ------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop recording and keep nothing: for a cell whose recording was cut short (Ctrl-C).
+
+        Safe to call more than once, and after ``finish``.
+        """
+        self._pending_start = False
+        for d in list(self._intervals):
+            COUNTERS.close(self._intervals.pop(d))
+        self._open.clear()
+        if self._we_record:
+            GUARD.original()(None, clear_history=True)
+            self._we_record = False
+
     def finish(self, step: int = 0) -> dict[int, DeviceRecording]:
         """Close what is open; ``step`` is the loop step the cell ended in."""
         torch = self.torch

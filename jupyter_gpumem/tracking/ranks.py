@@ -202,11 +202,17 @@ def write_report(directory: str | os.PathLike[str], rank: int, report: Mapping[s
 
 
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
-    """Write ``data`` to ``path`` under a temporary name, then rename: never half a file."""
+    """Write ``data`` to ``path`` under a temporary name, then rename: never half a file, and
+    nothing left beside it when the write fails (a full disk)."""
     target = Path(path)
+    text = json.dumps(data)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, target)
+    try:
+        partial.write_text(text)
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return target
 
 

@@ -19,6 +19,7 @@ from jupyter_gpumem.records import (
     PhaseMark,
     ScopeMark,
     Tag,
+    TraceEvent,
     TraceWindow,
 )
 from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
@@ -74,8 +75,45 @@ class Recorder:
         self._detailed = False
         self._hooks: list[Any] = []
         self._watch = RootWatch()
+        self._tagged: tuple[tuple[Tag, ...], tuple[PhaseMark, ...]] | None = None
+        self._cpu_events: tuple[TraceEvent, ...] | None = None
+        self._session_ended = False
 
     def start(self) -> None:
+        """Install the event sources; interrupted or failing half-way, it leaves none installed."""
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Take away every hook, mode and recording ``start`` installed, keeping what they saw.
+
+        Safe to call again (a Ctrl-C in the middle of it is answered by calling it once more),
+        and after a start that did not finish.
+        """
+        self._uninstall()
+        self._end_session()
+
+    def _uninstall(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._watch.stop()
+        if self._tagger is not None and self._tagged is None:
+            stopped = self._guarded("tags", self._tagger.stop)
+            self._tagged = ((), ()) if stopped is _FAILED else stopped
+        if self._cpu is not None and self._cpu_events is None:
+            events = self._guarded("CPU tensor source", self._cpu.stop)
+            self._cpu_events = () if events is _FAILED else events
+
+    def _end_session(self) -> None:
+        if self._session is not None and not self._session_ended:
+            self._session.close()
+            self._session_ended = True
+
+    def _start(self) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and cuda_present(torch):
             trace = self.options.trace
@@ -97,9 +135,13 @@ class Recorder:
             tensors: list[Any] = []
             read = self._guarded("namespace", lambda: named_storages(self.user_ns, tensors))
             named = {} if read is _FAILED else read
-            started = self._guarded("CPU tensor source", lambda: _start_cpu_source(tensors))
-            if started is not _FAILED:
-                self._cpu, self._cpu_start = started
+            self._cpu = _cpu_source()  # kept before it starts: close() stops a half start
+            started = self._guarded("CPU tensor source", lambda: self._cpu.start(tensors))
+            if started is _FAILED:
+                self._cpu.stop()
+                self._cpu = None
+            else:
+                self._cpu_start = started
         elif torch is not None and self.options.trace:
             read = self._guarded("namespace", self._named)
             named = {} if read is _FAILED else read
@@ -117,24 +159,17 @@ class Recorder:
         self._t0 = time.perf_counter()
 
     def stop(self, error: BaseException | None) -> CellRecording:
+        """Uninstall (as :meth:`close`) and return what the cell did."""
         wall_s = time.perf_counter() - self._t0
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-        self._watch.stop()
+        self._uninstall()
         tags: tuple[Tag, ...] = ()
         marks: tuple[PhaseMark, ...] = ()
         calls: tuple[ModuleCall, ...] = ()
         scope_marks: tuple[ScopeMark, ...] = ()
-        if self._tagger is not None:
-            stopped = self._guarded("tags", self._tagger.stop)
-            if stopped is not _FAILED:
-                tags, marks = stopped
-                calls, scope_marks = self._tagger.scopes.records()
-        cpu_events = None
-        if self._cpu is not None:
-            events = self._guarded("CPU tensor source", self._cpu.stop)
-            cpu_events = None if events is _FAILED else events
+        if self._tagger is not None and self._tagged is not None:
+            tags, marks = self._tagged
+            calls, scope_marks = self._tagger.scopes.records()
+        cpu_events = self._cpu_events if self._cpu is not None else None
         torch = sys.modules.get("torch")
         cuda = torch is not None and cuda_present(torch)
         devices: dict[int, DeviceRecording] = {}
@@ -147,8 +182,11 @@ class Recorder:
                 counters_reason="torch was imported inside the cell",
             )
         steps = self._schedule.position if self._schedule is not None else 0
-        if self._session is not None:
-            devices = self._session.finish(steps)
+        if self._session is not None and not self._session_ended:
+            try:
+                devices = self._session.finish(steps)
+            finally:
+                self._end_session()
             self._notes.extend(self._session.notes)
         snapshot = self.options.snapshot_path
         if snapshot and (self._session is None or not self._session.snapshot_path):
@@ -269,10 +307,8 @@ class Recorder:
             return _FAILED
 
 
-def _start_cpu_source(tensors: Sequence[Any]) -> tuple[Any, tuple[tuple[int, int], ...]]:
-    """The CPU stand-in for the allocator trace, following the namespace's tensors for frees."""
+def _cpu_source() -> Any:
+    """The CPU stand-in for the allocator trace (imported when a CPU cell first needs it)."""
     from jupyter_gpumem.tracking.dispatch import DispatchRecorder
 
-    recorder = DispatchRecorder()
-    start = recorder.start(tensors)
-    return recorder, start
+    return DispatchRecorder()

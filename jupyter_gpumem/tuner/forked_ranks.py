@@ -27,6 +27,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -38,6 +39,7 @@ from typing import Any
 
 from jupyter_gpumem.report.record import report_from_dict, status_of
 from jupyter_gpumem.techniques import Config, apply_config
+from jupyter_gpumem.techniques.config import MAX_WORLD_SIZE
 from jupyter_gpumem.tracking.devices import cuda_count
 from jupyter_gpumem.tracking.ranks import SETTLE_S, stop_inherited, write_json
 from jupyter_gpumem.tuner.results import TrialResult, result_of
@@ -45,6 +47,7 @@ from jupyter_gpumem.tuner.steps import measure_steps
 from jupyter_gpumem.tuner.workload import Workload
 
 POLL_S = 0.05
+MAX_FORKED = 64  # ranks run() forks at most
 CUDA_IN_KERNEL = (
     "the ranks are forked from this kernel, and CUDA is already initialised in it: a forked "
     "child cannot use CUDA then. Restart the kernel, build the model, optimizer and batch on "
@@ -59,6 +62,7 @@ def run_ranks(workload: Workload, config: Config) -> TrialResult:
     device = workload.device
     if device.type == "cuda" and torch.cuda.is_initialized():
         raise RuntimeError(CUDA_IN_KERNEL)
+    check_forkable(config.world_size)
     gpus = cuda_count(torch) if device.type == "cuda" else 0
     backend = "nccl" if device.type == "cuda" and gpus >= config.world_size else "gloo"
     folder = tempfile.mkdtemp(prefix="gpumem-trial-ranks-")
@@ -70,6 +74,21 @@ def run_ranks(workload: Workload, config: Config) -> TrialResult:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return _job(config, results, backend)
+
+
+def check_forkable(world_size: int) -> None:
+    """ValueError for more ranks than this machine lets the kernel fork, before any starts."""
+    if world_size > MAX_FORKED:
+        raise ValueError(
+            f"run() forks one process per rank, each with its own copy of the model: at most "
+            f"{MAX_FORKED} ranks, got {world_size}; estimate() plays up to {MAX_WORLD_SIZE}"
+        )
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY and world_size >= soft:
+        raise ValueError(
+            f"run() forks one process per rank, and this machine's process limit (ulimit -u) "
+            f"is {soft}: {world_size} ranks cannot start"
+        )
 
 
 def rank_device(device: Any, rank: int, gpus: int) -> Any:
@@ -96,18 +115,26 @@ def _fork_and_wait(
         )
         for rank in range(config.world_size)
     ]
-    for p in processes:
-        p.start()
+    started: list[Any] = []
     try:
-        while any(p.is_alive() for p in processes):
-            if any(p.exitcode not in (None, 0) for p in processes):
+        for rank, p in enumerate(processes):
+            try:
+                p.start()
+            except OSError as exc:  # the process limit, or memory to copy the kernel
+                raise RuntimeError(
+                    f"could not start rank {rank} of {config.world_size}: {exc}; the ranks "
+                    "already started were stopped"
+                ) from exc
+            started.append(p)
+        while any(p.is_alive() for p in started):
+            if any(p.exitcode not in (None, 0) for p in started):
                 break  # the others may wait for it in a collective forever
             time.sleep(POLL_S)
-    finally:
-        for p in processes:
+    finally:  # all or nothing: a rank that could not start, or a Ctrl-C, stops every rank
+        for p in started:
             if p.is_alive():
                 p.terminate()
-        for p in processes:
+        for p in started:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()

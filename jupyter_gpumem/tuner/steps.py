@@ -72,7 +72,10 @@ def _phase(
     except Exception as exc:
         error = exc
     finally:
-        report = measurement.finish(error, analyse=keep or error is not None)
+        try:
+            report = measurement.finish(error, analyse=keep or error is not None)
+        finally:
+            measurement.close()  # already done, unless a Ctrl-C cut finish short
     return report, times, error, len(times)
 
 

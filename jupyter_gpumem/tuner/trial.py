@@ -78,13 +78,18 @@ class Trial:
     def run(self, config: Config) -> TrialResult:
         """Measure one configuration; the model and optimizer come back unchanged."""
         if not isinstance(config, Config):
-            raise TypeError(f"run takes a Config, got {type(config).__name__}")
+            raise TypeError(f"run takes a Config, e.g. Config(precision='bf16'); got {_shown(config)}")
         workload = self.workload
         with self._runner.preserved(workload):
             return self._with_estimate(self._runner.fresh_run(workload, config))
 
     def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
         """The baseline ``Config()`` first, then each configuration once, all from the same start."""
+        if isinstance(configs, (str, Config)) or not all(isinstance(c, Config) for c in configs):
+            raise TypeError(
+                "compare takes a list of Config, e.g. [Config(precision='bf16')]; got "
+                f"{_shown(configs)}"
+            )
         baseline = Config()
         ordered = [baseline, *(c for c in dict.fromkeys(configs) if c != baseline)]
         workload = self.workload
@@ -145,3 +150,9 @@ class Trial:
         by_rank = {e.rank: e for e in estimate.ranks}
         ranks = tuple(replace(r, estimate=by_rank.get(r.rank)) for r in result.ranks)
         return replace(result, estimate=estimate, ranks=ranks)
+
+
+def _shown(value: object) -> str:
+    """A wrong argument in a message: its type and the start of its repr."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "a huge int"
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

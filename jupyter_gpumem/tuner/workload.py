@@ -43,10 +43,31 @@ def checked_workload(
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}"
         )
+    if optimizer is not None:
+        _check_optimizer_holds(model, optimizer)
     for name, value, least in (("warmup", warmup, 0), ("steps", steps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be a whole number of steps >= {least}, got {value!r}")
     return Workload(model, batch, loss_fn, optimizer, _device(torch, model, device), warmup, steps)
+
+
+def _check_optimizer_holds(model: Any, optimizer: Any) -> None:
+    """ValueError for an optimizer that steps tensors other than the model's parameters: its
+    state would not be the model's, and every figure of the trial would be wrong."""
+    own = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    foreign = [p for p in held if id(p) not in own]
+    if not held or foreign:
+        what = (
+            "holds no parameters"
+            if not held
+            else f"holds {len(foreign)} of {len(held)} tensors that are not the model's parameters "
+            f"(the first of shape {tuple(foreign[0].shape)})"
+        )
+        raise ValueError(
+            f"the optimizer {what}: build it from this model, e.g. "
+            f"{type(optimizer).__name__}(model.parameters(), ...), or pass optimizer=None"
+        )
 
 
 def _device(torch: Any, model: Any, device: Any) -> Any:

@@ -88,8 +88,13 @@ class RankCollection:
         self._processes.extend(enumerate(processes))
 
     def finish(self) -> tuple[tuple[Report, ...], tuple[str, ...]]:
-        """Put everything back, then read the folder: the ranks' reports and notes about them."""
+        """Put everything back, then read the folder: the ranks' reports and notes about them.
+
+        Safe to call again, and after a ``start`` that was cut short or found an outer block.
+        """
         global _ACTIVE
+        if self.directory is None:  # never started: nothing of ours to put back
+            return (), ()
         if _ACTIVE is self:
             _ACTIVE = None
         for name, ours, original in reversed(self._patched):
@@ -231,7 +236,13 @@ def current_rank() -> int:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
-    return int(os.environ.get("RANK", "0"))
+    given = os.environ.get("RANK", "0")
+    if not given.strip().isdigit():
+        raise ValueError(
+            f"the RANK environment variable is {given[:40]!r}: torchrun sets it to the process's "
+            "rank, a whole number (0, 1, ...); unset it or set it to one"
+        )
+    return int(given)
 
 
 def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Report:

@@ -154,8 +154,11 @@ def test_a_failing_rank_is_named_and_the_others_stopped() -> None:
     [
         ({"world_size": 2}, "needs a strategy"),
         ({"parallel": "zero3", "world_size": 2}, "ddp, fsdp2"),
-        ({"parallel": "ddp", "world_size": 0}, "whole number >= 1"),
-        ({"parallel": "ddp", "world_size": True}, "whole number >= 1"),
+        ({"parallel": "ddp", "world_size": 0}, "whole number from 1 to 1024, got 0"),
+        ({"parallel": "ddp", "world_size": True}, "whole number from 1 to 1024"),
+        ({"parallel": "ddp", "world_size": 10**9}, "from 1 to 1024, got 1000000000$"),
+        ({"parallel": "ddp", "world_size": 10**5000}, "got a huge number$"),
+        ({"parallel": "x" * 10_000, "world_size": 2}, "^unknown parallel strategy 'x{38}; choose"),
     ],
 )
 def test_bad_parallel_settings_say_what_is_allowed(settings: dict, message: str) -> None:

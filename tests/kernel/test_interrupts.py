@@ -1,0 +1,194 @@
+"""A Ctrl-C at any moment leaves nothing of ours behind.
+
+A KeyboardInterrupt is injected at each call our code makes while a `%%gpumem` cell (and a
+Trial) runs on the CPU, one call per run, as a Ctrl-C landing there would raise it. After
+each run no dispatch mode, hook, saved-tensor hook, environment variable or rank collection
+of ours is left, and the next cell's report is right.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import jupyter_gpumem
+
+torch = pytest.importorskip("torch")
+
+OURS = str(Path(jupyter_gpumem.__file__).parent) + os.sep
+
+SETUP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(8, 16)
+"""
+CELL = """%%gpumem -o r --quiet
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+opt.zero_grad()
+"""
+CHECK = "%%gpumem -o after --quiet\nkept = torch.ones(1000)\n"
+
+
+class Injector:
+    """A trace function that raises KeyboardInterrupt at the ``at``-th call of a function of ours
+    (comprehensions and lambdas aside: they run inside a function that was counted)."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.calls = 0
+        self.where = ""
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(OURS) and code.co_name[0] != "<":
+            self.calls += 1
+            if self.calls == self.at:
+                self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
+                raise KeyboardInterrupt(f"injected at call {self.at}")
+
+
+def _state() -> dict[str, Any]:
+    """Everything of ours that a cell installs and must take away again."""
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from jupyter_gpumem.tracking import ranks, storage_resizes
+    from jupyter_gpumem.workers import rank_reports
+
+    return {
+        "dispatch modes": len(_get_current_dispatch_mode_stack()),
+        "module hooks": sum(
+            len(getattr(module, name))
+            for name in dir(module)
+            if name.startswith("_global_") and name.endswith("hooks")
+        ),
+        "optimizer hooks": len(optimizer._global_optimizer_pre_hooks)
+        + len(optimizer._global_optimizer_post_hooks),
+        "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(False),
+        "ranks env": os.environ.get(ranks.RANKS_DIR_ENV),
+        "rank collection": rank_reports._ACTIVE,
+        "recordings": len(ranks._RUNNING),
+        "storage listeners": len(getattr(storage_resizes, "_LISTENERS", ())),
+        "gc enabled": gc.isenabled(),
+        "torch's own checks": (
+            torch.autograd.graph.disable_saved_tensors_hooks,
+            module._has_any_global_hook,
+        ),
+    }
+
+
+def _right(report: Any) -> bool:
+    """The check cell's report: a 4,000-byte tensor made on top of what the namespace held."""
+    return (
+        report is not None
+        and report.status == "ok"
+        and report.peak_allocated_bytes - report.allocated_before_bytes == 4000
+    )
+
+
+def _injected(run: Callable[[], Any], at: int | None) -> Injector:
+    injector = Injector(at)
+    sys.settrace(injector)
+    try:
+        run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return injector
+
+
+@pytest.fixture
+def cell_shell(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InteractiveShell]:
+    shell.run_cell(SETUP)
+    # hundreds of interrupted cells: their tracebacks are not what is tested, and cost most
+    monkeypatch.setattr(shell, "showtraceback", lambda *args, **kwargs: None)
+    yield shell
+
+
+@pytest.mark.timeout(1200)
+def test_every_call_of_a_cell_interrupted_leaves_nothing_behind(
+    cell_shell: InteractiveShell,
+) -> None:
+    shell = cell_shell
+    clean = _state()
+    total = _injected(lambda: shell.run_cell(CELL), None).calls
+    assert total > 100  # the cell's measurement runs through our code
+    left: list[str] = []
+    for at in range(1, total + 1):
+        injector = _injected(lambda: shell.run_cell(CELL), at)
+        now = _state()
+        if now != clean:
+            changed = {k: now[k] for k in now if now[k] != clean[k]}
+            left.append(f"call {at} ({injector.where}): {changed}")
+            _restore(shell)
+            continue
+        shell.run_cell(CHECK)
+        after = shell.user_ns.get("after")
+        if not _right(after):
+            left.append(f"call {at} ({injector.where}): the next report is {after!r}")
+        shell.user_ns.pop("after", None)
+    assert not left, f"{len(left)} of {total} interrupted calls left something:\n" + "\n".join(
+        left[:30]
+    )
+
+
+def _restore(shell: InteractiveShell) -> None:
+    """Reload the extension, so that one failure does not cascade into every later run."""
+    shell.run_line_magic("unload_ext", "jupyter_gpumem")
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
+
+
+@pytest.mark.timeout(1200)
+def test_every_call_of_a_trial_interrupted_leaves_nothing_behind() -> None:
+    from torch import nn
+
+    from jupyter_gpumem.techniques import Config
+    from jupyter_gpumem.tuner.trial import Trial
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters())
+    trial = Trial(
+        model,
+        torch.randn(8, 16),
+        lambda m, b: m(b).square().mean(),
+        optimizer=opt,
+        warmup=0,
+        steps=1,
+    )
+    weights = [p.detach().clone() for p in model.parameters()]
+    clean = _state()
+    expected = trial.run(Config()).peak_allocated_bytes
+    total = _injected(lambda: trial.run(Config()), None).calls
+    assert total > 100 and expected
+    left: list[str] = []
+    for at in range(1, total + 1):
+        injector = _injected(lambda: trial.run(Config()), at)
+        now = _state()
+        if now != clean:
+            changed = {k: now[k] for k in now if now[k] != clean[k]}
+            left.append(f"call {at} ({injector.where}): {changed}")
+            break
+        if not all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True)):
+            left.append(f"call {at} ({injector.where}): the model's weights were not put back")
+            break
+    again = trial.run(Config())
+    assert not left, "\n".join(left)
+    assert again.status == "ok" and again.peak_allocated_bytes == expected
