@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dis
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from IPython.core.displayhook import DisplayHook
@@ -124,6 +127,19 @@ def running_cell(shell: InteractiveShell, cell: str) -> RunningCell | None:
     return RunningCell(result, call.awaited, bool(info.silent), bool(info.shell_futures))
 
 
+def result_awaited() -> bool:
+    """Whether the code that called ``run_cell_magic`` awaits what it returns: a nested
+    ``await get_ipython().run_cell_magic("gpumem", ...)`` inside a cell's async body."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "run_cell_magic":
+        frame = frame.f_back  # type: ignore[assignment]
+    caller = frame.f_back if frame is not None else None
+    if caller is None:
+        return False
+    following = (i for i in dis.get_instructions(caller.f_code) if i.offset > caller.f_lasti)
+    return next((i.opname for i in following), None) == "GET_AWAITABLE"
+
+
 def cell_count(shell: InteractiveShell) -> int:
     """The execution count of the cell being run (IPython has already counted on past it)."""
     result = getattr(shell.displayhook, "exec_result", None)
@@ -179,6 +195,8 @@ async def run(shell: InteractiveShell, body: Body, outcome: Outcome, *, silent: 
     # `%%gpumem` cell, so it is told about the body instead, for as long as the body runs.
     own = hook.__dict__.get("quiet")
     hook.quiet = lambda: DisplayHook.semicolon_at_end_of_expression(stored)  # type: ignore[method-assign]  # restored below
+    shown = shell.__dict__.get("showtraceback")
+    shell.showtraceback = _without_our_frames(shell.showtraceback)  # type: ignore[method-assign]  # restored below
     try:
         await shell.run_ast_nodes(
             body.tree.body,
@@ -188,10 +206,41 @@ async def run(shell: InteractiveShell, body: Body, outcome: Outcome, *, silent: 
             result=outcome,
         )
     finally:
+        if shown is None:
+            del shell.showtraceback
+        else:
+            shell.showtraceback = shown  # type: ignore[method-assign]  # someone else's, put back
         if own is None:
             del hook.quiet
         else:
             hook.quiet = own  # type: ignore[method-assign]  # someone else's override, put back
+
+
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _without_our_frames(show: Callable[..., Any]) -> Callable[..., Any]:
+    """``showtraceback`` for the body's errors: an op that failed under our dispatch mode or
+    hooks ends its traceback at the caller of our code, as the plain cell's does."""
+
+    def showtraceback(*args: Any, **kwargs: Any) -> Any:
+        error = sys.exc_info()[1]
+        if error is not None:
+            cut_at_our_frames(error.__traceback__)
+        return show(*args, **kwargs)
+
+    return showtraceback
+
+
+def cut_at_our_frames(tb: TracebackType | None) -> None:
+    """End the traceback ``tb`` before its first frame of jupyter_gpumem (and all below it)."""
+    previous = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(OURS):
+            if previous is not None:
+                previous.tb_next = None
+            return
+        previous, tb = tb, tb.tb_next
 
 
 def run_now(shell: InteractiveShell, coro: Coroutine[Any, Any, Any], needs_async: bool) -> Any:

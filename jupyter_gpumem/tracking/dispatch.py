@@ -165,6 +165,8 @@ class DispatchRecorder:
             self._live.clear()
             self._raw.clear()
             self._raw_frames.clear()
+        self._thread = threading.get_ident()
+        self._following = True  # from here stop() undoes the start, even a start cut short
         self._on_free_cb = self._on_free
         self._on_resize_cb = on_resize = self._on_resize
         self._tensor_type = torch.Tensor
@@ -192,8 +194,7 @@ class DispatchRecorder:
                 known.append((ref.address, size))
         mode = _mode_class()(self)
         mode.__enter__()
-        self._mode, self._thread = mode, threading.get_ident()
-        self._following = True
+        self._mode = mode  # from here stop() exits it, even if the rest is cut short
         storage_resizes.listen(torch, on_resize)
         return tuple(known)
 
@@ -204,9 +205,9 @@ class DispatchRecorder:
             return
         if threading.get_ident() != self._thread:
             raise RuntimeError("DispatchRecorder.pause() must run on the thread that started it")
+        _exit_mode(mode)  # first: a pause cut short leaves the mode for stop() to exit
         with self._lock:
             self._mode = None
-        _exit_mode(mode)
 
     def stop(self) -> tuple[TraceEvent, ...]:
         """Leave the mode (even if modes were pushed above it) and return the events."""
@@ -215,15 +216,18 @@ class DispatchRecorder:
             return self.events
         if threading.get_ident() != self._thread:
             raise RuntimeError("DispatchRecorder.stop() must run on the thread that started it")
+        # Each step is undone before it is marked undone: a stop cut short is finished by
+        # calling stop() again.
+        if self._on_resize_cb is not None:
+            storage_resizes.unlisten(sys.modules["torch"], self._on_resize_cb)
+            self._on_resize_cb = None
+        if mode is not None:
+            _exit_mode(mode)
         with self._lock:
             self._mode = None
             self._following = False
             self._live.clear()  # drops the weakrefs: later frees are not reported
-        if self._on_resize_cb is not None:
-            storage_resizes.unlisten(sys.modules["torch"], self._on_resize_cb)
-        self._on_free_cb = self._on_resize_cb = None
-        if mode is not None:
-            _exit_mode(mode)
+        self._on_free_cb = None
         return self.events
 
     def __enter__(self) -> DispatchRecorder:
@@ -467,6 +471,18 @@ def _mode_class() -> type:
         def __init__(self, recorder: DispatchRecorder) -> None:
             super().__init__()
             self.recorder = recorder
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # torch.compile compiles as in the plain cell (a mode that does not ignore them
+            # makes it fall back to eager); the compiled code's own ops then run unseen.
+            return True
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # No torch.compile runs inside this handler, so it needs no dynamo-disabled
+            # wrapper, which would put two more frames of torch's under a failing op.
+            return False
 
         def __torch_dispatch__(
             self,

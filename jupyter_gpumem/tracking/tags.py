@@ -46,6 +46,7 @@ from typing import Any
 
 from jupyter_gpumem.records import NamedStorage, PhaseMark, Tag
 from jupyter_gpumem.tracking.decoding import DecodeWatch
+from jupyter_gpumem.tracking.hooks_aside import GLOBAL_HOOKS_UNSEEN, HOOKS_ASIDE
 from jupyter_gpumem.tracking.namespace import named_storages
 from jupyter_gpumem.tracking.scopes import ModuleScopes
 
@@ -137,8 +138,10 @@ class Tagger:
         self._handles.append(
             hooks.register_module_forward_hook(self._forward_post, always_call=True)
         )
+        GLOBAL_HOOKS_UNSEEN.add(self._handles)
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        HOOKS_ASIDE.add(self._pack)
 
     def stop(self) -> tuple[tuple[Tag, ...], tuple[PhaseMark, ...]]:
         self._remove()
@@ -148,11 +151,13 @@ class Tagger:
         return tuple(map(Tag._make, self._tags)), tuple(self.marks)
 
     def _remove(self) -> None:
+        HOOKS_ASIDE.discard(self._pack)
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
         for handle in self._handles:
             handle.remove()
+        GLOBAL_HOOKS_UNSEEN.discard(self._handles)
         self._handles.clear()
 
     # -- hooks -------------------------------------------------------------------------

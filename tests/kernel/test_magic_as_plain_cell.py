@@ -441,3 +441,116 @@ def test_user_names_leave_out_ipythons_own(shell: InteractiveShell) -> None:
     count = result.execution_count
     ipython = {"_", "__", "_i", "_ii", f"_{count}", f"_i{count}", "In", "Out", "get_ipython"}
     assert ipython <= set(shell.user_ns) and not ipython & set(names)
+
+
+def test_a_nested_run_cell_magic_can_be_awaited_as_at_top_level(shell: InteractiveShell) -> None:
+    shell.run_cell("import torch")
+    nested = (
+        'await get_ipython().run_cell_magic("gpumem", "-o inner --quiet", "x = torch.ones(10)")'
+    )
+    result = shell.run_cell(f"%%gpumem -o outer --quiet\n{nested}\ny = 1")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["inner"].peak_allocated_bytes == 40
+    assert shell.user_ns["outer"].status == "ok" and shell.user_ns["y"] == 1
+    plain = 'get_ipython().run_cell_magic("gpumem", "-o again --quiet", "z = torch.ones(5)")'
+    assert shell.run_cell(f"%%gpumem --quiet\n{plain}").success
+    again = shell.user_ns["again"]
+    assert again.peak_allocated_bytes - again.allocated_before_bytes == 20
+
+
+FUNC = """
+from torch.func import functional_call, grad, jacrev
+params = {k: v.detach() for k, v in net.named_parameters()}
+g = grad(lambda p, x: functional_call(net, p, (x,)).sum())(params, x)
+j = jacrev(lambda x: net(x).sum())(x)
+"""
+
+
+def _net(shell: InteractiveShell) -> None:
+    shell.run_cell(
+        "import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+        "net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))\nx = torch.randn(3, 4)"
+    )
+
+
+def test_torch_func_transforms_run_as_in_the_plain_cell(shell: InteractiveShell) -> None:
+    torch = pytest.importorskip("torch")
+    _net(shell)
+    assert shell.run_cell(FUNC).success
+    plain = {k: v.clone() for k, v in shell.user_ns["g"].items()}, shell.user_ns["j"].clone()
+    result = shell.run_cell(f"%%gpumem -o r --quiet\n{FUNC}")
+    assert result.success, result.error_in_exec
+    assert all(torch.equal(plain[0][k], v) for k, v in shell.user_ns["g"].items())
+    assert torch.equal(plain[1], shell.user_ns["j"])
+    assert shell.user_ns["r"].status == "ok"
+
+
+COMPILED = """
+calls = []
+def backend(gm, inputs):
+    calls.append(len(inputs))
+    return gm.forward
+f = torch.compile(lambda t: (t * 2).relu(), backend=backend)
+out = f(x)
+compiled = torch.compile(net, backend="aot_eager")
+kind = type(compiled(x).grad_fn).__name__
+"""
+
+
+def test_torch_compile_compiles_as_in_the_plain_cell(shell: InteractiveShell) -> None:
+    _net(shell)
+    shell.run_cell("import torch._dynamo\ntorch._dynamo.reset()")
+    assert shell.run_cell(COMPILED).success
+    plain = shell.user_ns["calls"], shell.user_ns["kind"]
+    shell.run_cell("torch._dynamo.reset()")
+    result = shell.run_cell(f"%%gpumem --quiet\n{COMPILED}")
+    assert result.success, result.error_in_exec
+    assert (
+        (shell.user_ns["calls"], shell.user_ns["kind"])
+        == plain
+        == ([1], "CompiledFunctionBackward")
+    )
+
+
+def test_a_backend_that_fails_fails_the_tracked_cell_too(shell: InteractiveShell) -> None:
+    _net(shell)
+    cell = (
+        "import torch._dynamo\ntorch._dynamo.reset()\n"
+        "def broken(gm, inputs):\n    raise ValueError('no backend')\n"
+        "torch.compile(lambda t: t + 1, backend=broken)(x)\n"
+    )
+    plain = shell.run_cell(cell)
+    tracked = shell.run_cell(f"%%gpumem --quiet\n{cell}")
+    assert not plain.success and not tracked.success
+    assert type(tracked.error_in_exec) is type(plain.error_in_exec)
+    assert type(plain.error_in_exec).__name__ == "BackendCompilerFailed"
+
+
+def test_a_failing_op_shows_no_frame_of_ours(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.run_cell("import torch\na, b = torch.ones(3), torch.ones(4)")
+    capsys.readouterr()
+    shell.run_cell("c = a + b")
+    plain = capsys.readouterr().out
+    shell.run_cell("%%gpumem --quiet\nc = a + b")
+    tracked = capsys.readouterr().out
+    assert "jupyter_gpumem" not in tracked and "_ops.py" not in tracked
+    assert "eval_frame.py" not in tracked and "_compile.py" not in tracked
+    assert tracked.count("File ") == plain.count("File ") == 0
+    assert "must match the size of tensor b (4)" in tracked
+
+
+def test_compiling_a_module_warns_nothing_and_adds_no_name(shell: InteractiveShell) -> None:
+    _net(shell)
+    shell.run_cell("import warnings, torch._dynamo\ntorch._dynamo.reset()")
+    cell = (
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    y = torch.compile(net, backend='eager')(x)\n"
+        "messages = [str(w.message) for w in seen]"
+    )
+    before = set(shell.user_ns)
+    assert shell.run_cell(f"%%gpumem --quiet\n{cell}").success
+    assert shell.user_ns["messages"] == []
+    assert set(shell.user_ns) - before == {"y", "seen", "messages"}
