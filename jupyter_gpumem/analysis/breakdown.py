@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -478,9 +478,11 @@ def tensors_at_end(
     cell: tuple[str, int] | None,
     top: int,
     marks: Sequence[PhaseMark] = (),
+    block_size: Callable[[int], int] = round_size,
 ) -> tuple[TensorRecord, ...]:
     """Like :func:`tensor_records` for a cell traced in part: what is alive comes from the
-    allocator's layout at the end, where each block was made from the traced events."""
+    allocator's layout at the end, where each block was made from the traced events.
+    ``block_size`` is the block a request of that size takes (exact on the CPU)."""
     before = {b.address: b.size for b in start_blocks}  # ints only: nothing for the collector
     made: dict[int, TraceEvent] = {}
     for ev in events:
@@ -493,7 +495,7 @@ def tensors_at_end(
         n = named.get(block.address)
         origin = made.get(block.address)
         line = None
-        if origin is not None and round_size(origin.size) == block.size:
+        if origin is not None and block_size(origin.size) == block.size:
             line = source_line(origin, cell) or _during(marks, origin)
         alive.append(_alive(n, block.size, device, line or "between the recorded steps"))
     alive.sort(key=lambda r: (r.name is None, -r.nbytes))

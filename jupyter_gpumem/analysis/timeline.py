@@ -40,6 +40,22 @@ class Timeline:
         }
 
 
+def extended(tl: Timeline, end_s: float, end_bytes: int) -> Timeline:
+    """``tl`` with its last point at ``end_s`` holding ``end_bytes``: a cell followed in detail
+    for its first steps only still spans its whole length, its end state known."""
+    if tl.t_s and end_s <= tl.t_s[-1]:
+        return tl
+    higher = end_bytes > tl.peak_bytes
+    return Timeline(
+        t_s=(*tl.t_s, end_s),
+        allocated_bytes=(*tl.allocated_bytes, end_bytes),
+        reserved_bytes=(*tl.reserved_bytes, end_bytes),
+        bands=tl.bands,
+        peak_t_s=end_s if higher else tl.peak_t_s,
+        peak_bytes=end_bytes if higher else tl.peak_bytes,
+    )
+
+
 def downsample(
     t_s: Sequence[float], allocated: Sequence[int], reserved: Sequence[int], max_points: int = 800
 ) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:

@@ -9,13 +9,14 @@ from typing import Any
 
 from jupyter_gpumem.analysis.attribution import Attribution, attribute, cell_timeline
 from jupyter_gpumem.analysis.breakdown import CUDA_CLOCK_SLACK_US, tensors_at_end
-from jupyter_gpumem.analysis.leak_hints import LeakHint
+from jupyter_gpumem.analysis.leak_hints import LeakHint, worth_showing
 from jupyter_gpumem.analysis.library_memory import LibraryMemory
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay_exact
-from jupyter_gpumem.records import CellRecording, DeviceRecording, TraceEvent
+from jupyter_gpumem.analysis.timeline import extended
+from jupyter_gpumem.records import BlockState, CellRecording, DeviceRecording, TraceEvent
 from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report, main_device, status_of
-from jupyter_gpumem.units import format_bytes
+from jupyter_gpumem.units import format_bytes, format_seconds
 
 
 def build_report(
@@ -35,7 +36,7 @@ def build_report(
 
     ``process_bytes`` maps device index to NVML's figure for this process; ``leak_hints``
     gives the hints for the cell's main device (the memory IPython holds on it, growth
-    across runs of ``cell_key``).
+    across runs of ``cell_key``), of which those ``worth_showing`` are kept.
     """
     notes = list(rec.notes)
 
@@ -91,7 +92,9 @@ def build_report(
     main = main_device(devices)
     hints: tuple[LeakHint, ...] = ()
     if leak_hints is not None:
-        hints = tuple(leak_hints(next((d for d in devices if d.device == main), None)))
+        shown = next((d for d in devices if d.device == main), None)
+        peak = None if shown is None else shown.peak_allocated_bytes
+        hints = tuple(h for h in leak_hints(shown) if worth_showing(h, peak))
     return Report(
         id=uuid.uuid4().hex,
         name=name,
@@ -213,16 +216,40 @@ def _largest(amounts: Mapping[str, int]) -> list[tuple[str, int]]:
 def _cpu_device(
     rec: CellRecording, *, cell: tuple[str, int] | None, top: int
 ) -> tuple[DeviceReport, str | None]:
-    """CPU tensor storages, from the dispatch source: the same analysis as a GPU, exact sizes."""
+    """CPU tensor storages, from the dispatch source: the same analysis as a GPU, exact sizes.
+
+    A source that stepped aside after the first steps still follows the frees of what it saw;
+    what later steps made and left alive is read from the namespace at the cell's end, so the
+    figures after the cell, the tensors it left alive and the timeline cover the whole cell.
+    """
     events = rec.cpu_events or ()
     start = tuple(Live(a, n, n, -1) for a, n in rec.cpu_start)
     replay = replay_exact(events, start=start)
     found = _attribute(rec, replay, events, start, "cpu", cell, top)
     notes = [] if replay.exact else [f"the tensor trace is incomplete ({replay.reason})"]
-    if rec.cpu_detail_until_us is not None:
+    after = replay.allocated_end
+    detailed = rec.cpu_detail_steps
+    if rec.cpu_detail_until_us is not None and detailed is not None and rec.steps > detailed:
+        known = _live_at_end(events, start)
+        named = {a: n for a, n in rec.named.items() if n.device == "cpu"}
+        later = [BlockState(a, n.nbytes, "allocated") for a, n in named.items() if a not in known]
+        after += sum(b.size for b in later)
+        begun = {b.address for b in start}
+        made = [BlockState(a, n, "allocated") for a, n in known.items() if a not in begun]
+        listed = tensors_at_end(
+            events, start, [*made, *later], named,
+            device="cpu", cell=cell, top=top, marks=rec.marks, block_size=lambda n: n,
+        )  # fmt: skip
+        until_s = max(0.0, rec.cpu_detail_until_us / 1e6 - rec.started_at)
+        timeline = found.timeline
+        if timeline is not None:
+            timeline = extended(timeline, rec.wall_s, after)
+        found = replace(found, tensors=listed, timeline=timeline)
         notes.append(
-            f"tensor allocations recorded for the first steps only (of {rec.steps}); the CPU "
-            "keeps no peak counters to follow later steps, which are taken to repeat them"
+            f"tensor allocations recorded in detail for the first {detailed} of {rec.steps} "
+            f"steps (the first {format_seconds(until_s)}); the CPU keeps no peak counters to "
+            "follow later steps, which are taken to repeat them: the figures after the cell "
+            "and the tensors it left alive are read at its end, and the timeline joins the two"
         )
     note = "cpu: " + "; ".join(notes) if notes else None
     report = DeviceReport(
@@ -231,11 +258,11 @@ def _cpu_device(
         name="CPU tensors",
         total_bytes=None,
         allocated_before_bytes=replay.allocated_start,
-        allocated_after_bytes=replay.allocated_end,
-        allocated_delta_bytes=replay.allocated_end - replay.allocated_start,
-        peak_allocated_bytes=replay.peak_allocated,
-        peak_reserved_bytes=replay.peak_reserved,
-        reserved_after_bytes=replay.reserved_end,
+        allocated_after_bytes=after,
+        allocated_delta_bytes=after - replay.allocated_start,
+        peak_allocated_bytes=max(replay.peak_allocated, after),
+        peak_reserved_bytes=max(replay.peak_reserved, after),
+        reserved_after_bytes=after,
         cache_bytes=0,
         nvml_process_bytes=None,
         non_torch_bytes=None,
@@ -243,6 +270,17 @@ def _cpu_device(
         **_found_fields(found, tagged=bool(rec.tags)),
     )
     return report, note
+
+
+def _live_at_end(events: Sequence[TraceEvent], start: Sequence[Live]) -> dict[int, int]:
+    """Address -> bytes of the storages alive after ``events``, from those alive at ``start``."""
+    live = {b.address: b.size for b in start}
+    for ev in events:
+        if ev.action == "alloc":
+            live[ev.address] = ev.size
+        elif ev.action == "free_requested":
+            live.pop(ev.address, None)
+    return live
 
 
 def _attribute(

@@ -68,6 +68,7 @@ class Recorder:
         self._cpu: Any = None
         self._cpu_start: tuple[tuple[int, int], ...] = ()
         self._cpu_until_us: int | None = None
+        self._cpu_until_step: int | None = None
         self._notes: list[str] = []
         self._t0 = 0.0
         self._started_at = 0.0
@@ -217,6 +218,7 @@ class Recorder:
             cpu_events=cpu_events,
             cpu_start=self._cpu_start,
             cpu_detail_until_us=self._cpu_until_us,
+            cpu_detail_steps=self._cpu_until_step,
             steps=steps,
             calls=calls,
             scope_marks=scope_marks,
@@ -282,6 +284,7 @@ class Recorder:
         if self._cpu is not None:
             self._cpu.pause()
             self._cpu_until_us = time.time_ns() // 1000
+            self._cpu_until_step = step
 
     @pausing  # may read the layout for a new window
     def _sample(self, module: Any, args: Any) -> None:
