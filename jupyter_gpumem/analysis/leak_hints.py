@@ -15,6 +15,11 @@ from jupyter_gpumem.units import format_bytes
 
 KINDS = ("output-cache", "traceback", "autograd-graph", "cycles", "growth")
 MiB = 2**20
+# Below these a hint costs the reader more than freeing the memory gains: a hint is shown from
+# 1 MiB up, and one about memory held now also from 1% of the cell's peak up. Growth adds up
+# over runs whatever the peak, so it needs only the 1 MiB (growth_hint asks that per run too).
+FLOOR_BYTES = MiB
+FLOOR_SHARE_OF_PEAK = 0.01
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,15 @@ class Freed:
             line += f"; {format_bytes(self.cache_returned_bytes)} of cache returned to the driver"
         cleared = ", ".join(self.cleared) if self.cleared else "nothing to clear"
         return f"{line} (cleared: {cleared})"
+
+
+def worth_showing(hint: LeakHint, peak_bytes: int | None) -> bool:
+    """Whether ``hint`` holds enough to be shown beside a cell whose peak was ``peak_bytes``."""
+    if hint.bytes < FLOOR_BYTES:
+        return False
+    if hint.kind == "growth" or peak_bytes is None:
+        return True
+    return hint.bytes >= FLOOR_SHARE_OF_PEAK * peak_bytes
 
 
 def _names(where: Sequence[str], limit: int = 4) -> str:

@@ -12,9 +12,15 @@ from typing import TYPE_CHECKING
 from jupyter_gpumem.report.svg import timeline_svg
 from jupyter_gpumem.report.text import (
     CODE,
+    NO_CACHE,
+    NO_CACHE_WHY,
     RANK_HEADS,
     breakdown_lines,
+    cell,
     freed_lines,
+    has_cache,
+    module_name,
+    no_cache_shown,
     peak_lines,
     rank_cells,
     rank_failures,
@@ -51,12 +57,11 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
         parts.append("</tr></thead><tbody>")
         for label, key, signed in rows(r):
             parts.append(f'<tr><td style="padding-right:1em">{esc(label.strip())}</td>')
-            parts.extend(
-                f'<td style="text-align:right;padding:0 .8em">{esc(format_bytes(getattr(d, key), signed=signed))}</td>'
-                for d in r.devices
-            )
+            parts.extend(_cell_html(cell(d, key, signed=signed)) for d in r.devices)
             parts.append("</tr>")
         parts.append("</tbody></table>")
+        if no_cache_shown(r):
+            parts.append(f"<div><small>{esc(NO_CACHE)}: {esc(NO_CACHE_WHY)}</small></div>")
     if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
         verdict = "over" if r.over_budget else "within"
         parts.append(
@@ -71,7 +76,12 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
         freed = freed_lines(r.main)
         parts.extend(f'<pre style="margin:.4em 0">{esc(line)}</pre>' for line in freed)
     if timeline and r.timeline is not None and len(r.timeline.t_s) > 1:
-        parts.append(timeline_svg(r.timeline, title=r.name or ""))
+        cpu = r.main is not None and not has_cache(r.main)
+        parts.append(
+            timeline_svg(
+                r.timeline, title=r.name or ("CPU tensor memory over the cell" if cpu else "")
+            )
+        )
     parts.append(_ranks_html(r, style))
     parts.extend(
         f'<p style="color:var(--jp-warn-color0,#e65100)">⚠ {esc(w)}</p>' for w in warnings(r)
@@ -83,6 +93,12 @@ def render_html(r: Report, *, timeline: bool = True) -> str:
     parts.extend(f"<p><em>{esc(n)}</em></p>" for n in r.shown_notes())
     parts.append("</div>")
     return "".join(parts)
+
+
+def _cell_html(text: str) -> str:
+    """A figure of the device table; NO_CACHE says why in its tooltip."""
+    why = f' title="{html.escape(NO_CACHE_WHY)}"' if text == NO_CACHE else ""
+    return f'<td style="text-align:right;padding:0 .8em"{why}>{html.escape(text)}</td>'
 
 
 def _code_html(text: str) -> str:
@@ -100,13 +116,14 @@ def _module_html(m: ModuleBytes, depth: int) -> str:
     esc = html.escape
     parts = sorted(m.bytes.items(), key=lambda kv: -kv[1])
     kinds = ", ".join(f"{c.replace('_', ' ')} {format_bytes(n)}" for c, n in parts[:3])
-    label = esc(m.path.rsplit(".", 1)[-1] if m.path else "model")
+    label = esc(m.path.rsplit(".", 1)[-1] if m.path else module_name(m.path))
+    title = esc(module_name(m.path)) if m.path else ""  # the root's label says it all
     head = f"<code>{label}</code> {esc(format_bytes(m.total))} <small>({esc(kinds)})</small>"
     if not m.children:
-        return f'<div style="margin-left:1.2em" title="{esc(m.path)}">{head}</div>'
+        return f'<div style="margin-left:1.2em" title="{title}">{head}</div>'
     opened = " open" if depth == 0 else ""
     inner = "".join(_module_html(c, depth + 1) for c in m.children)
-    return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{esc(m.path)}"><summary>{head}</summary>{inner}</details>'
+    return f'<details{opened} style="margin-left:{0 if depth == 0 else 1.2}em" title="{title}"><summary>{head}</summary>{inner}</details>'
 
 
 def _alive_html(d: DeviceReport, style: str) -> str:

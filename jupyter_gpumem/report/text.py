@@ -29,9 +29,43 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+# The CPU has no caching allocator: nothing is reserved beyond what its tensors hold, so these
+# rows would only repeat allocated, or show a cache of 0 B as if it meant something.
+CACHE_ROWS = frozenset({"peak_reserved_bytes", "cache_bytes"})
+NO_CACHE = "—"  # in a CPU column beside GPU columns
+NO_CACHE_WHY = (
+    "the CPU has no caching allocator, so nothing is reserved beyond what its tensors hold"
+)
+
+
+def has_cache(d: DeviceReport) -> bool:
+    """Whether ``d`` has a caching allocator, so that reserved and cache mean something."""
+    return d.device != "cpu"
+
+
+def value(d: DeviceReport, key: str) -> int | None:
+    """The device's figure for a table row; None where the row means nothing for it."""
+    return None if key in CACHE_ROWS and not has_cache(d) else getattr(d, key)
+
+
+def cell(d: DeviceReport, key: str, *, signed: bool = False) -> str:
+    """A table cell: the figure, or NO_CACHE where the CPU has no cache to show."""
+    if key in CACHE_ROWS and not has_cache(d):
+        return NO_CACHE
+    return format_bytes(getattr(d, key), signed=signed)
+
+
 def rows(r: Report) -> list[tuple[str, str, bool]]:
-    """The table rows that have a value on at least one device (NVML rows are empty on CPU)."""
-    return [row for row in _ROWS if any(getattr(d, row[1]) is not None for d in r.devices)]
+    """The table rows that have a value on at least one device (NVML rows are empty on CPU,
+    reserved and cache rows too)."""
+    return [row for row in _ROWS if any(value(d, row[1]) is not None for d in r.devices)]
+
+
+def no_cache_shown(r: Report) -> bool:
+    """Whether the table shows NO_CACHE somewhere: a CPU column beside a GPU's."""
+    return any(not has_cache(d) for d in r.devices) and any(
+        key in CACHE_ROWS for _, key, _ in rows(r)
+    )
 
 
 def title(r: Report) -> str:
@@ -51,12 +85,14 @@ def render_text(r: Report) -> str:
             " " * width + "  " + "  ".join(h.rjust(c) for h, c in zip(heads, cols, strict=True))
         )
         for label, key, signed in rows(r):
-            cells = [format_bytes(getattr(d, key), signed=signed) for d in r.devices]
+            cells = [cell(d, key, signed=signed) for d in r.devices]
             lines.append(
                 label.ljust(width)
                 + "  "
                 + "  ".join(v.rjust(c) for v, c in zip(cells, cols, strict=True))
             )
+        if no_cache_shown(r):
+            lines.append(f"{NO_CACHE}: {NO_CACHE_WHY}")
     if r.budget_bytes is not None and r.peak_allocated_bytes is not None:
         verdict = "OVER" if r.over_budget else "within"
         lines.append(f"budget {format_bytes(r.budget_bytes)}: peak is {verdict} budget")
@@ -134,6 +170,16 @@ def breakdown_lines(d: DeviceReport) -> list[str]:
 
 
 TOP_MODULES = 5
+ROOT_MODULE = "model"  # what the root of the module tree (path "") is called
+
+
+def module_name(path: str) -> str:
+    """A module's name where it stands alone: its path (``transformer.h.3.attn``); the root
+    ``model``; ``model.2`` where the path starts with an index (a Sequential's child), which
+    alone would read as a number."""
+    if not path:
+        return ROOT_MODULE
+    return f"{ROOT_MODULE}.{path}" if path[0].isdigit() else path
 
 
 def module_lines(d: DeviceReport) -> list[str]:
@@ -144,12 +190,12 @@ def module_lines(d: DeviceReport) -> list[str]:
     if not ranked:
         return []
     lines = ["largest modules at the peak (their own bytes):"]
-    width = min(NAME_WIDTH, max(len(m.path) for m in ranked))
+    width = min(NAME_WIDTH, max(len(module_name(m.path)) for m in ranked))
     for m in ranked:
         own = m.own()
         most = max(own, key=own.__getitem__)
         lines.append(
-            f"  {short(m.path, width):<{width}} {format_bytes(sum(own.values())):>11}"
+            f"  {short(module_name(m.path), width):<{width}} {format_bytes(sum(own.values())):>11}"
             f"  mostly {most.replace('_', ' ')}"
         )
     return lines
@@ -221,7 +267,7 @@ def rank_cells(rank: Report) -> tuple[str, ...]:
         pid,
         main.device,
         format_bytes(main.peak_allocated_bytes),
-        format_bytes(main.peak_reserved_bytes),
+        cell(main, "peak_reserved_bytes"),
         phase,
         top_categories(main),
     )
