@@ -93,17 +93,15 @@ class GpuMemMagics(Magics):
         __tracebackhide__ = True
         shell = self.shell
         assert shell is not None
-        # Frames count lines of the transformed body; the editor shows the magic line and any
-        # leading blank lines that IPython strips before compiling.
-        lines = body.raw.split("\n")
-        offset = 1 + next((i for i, text in enumerate(lines) if text.strip()), 0)
+        # The report names lines as the traceback of this cell does: from the body's first line
+        # that is not blank (IPython compiles a cell magic's body so).
         key = opts.measuring.name or hashlib.sha1(body.raw.encode()).hexdigest()[:16]
         measurement = Measurement(
             opts.measuring,
             shell.user_ns,
             shell=shell,
             execution_count=count,
-            cell=(body.filename, offset),
+            cell=(body.filename, 0),
             cell_key=key,
         )
         outcome = cell_run.Outcome()

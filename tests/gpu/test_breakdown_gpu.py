@@ -45,7 +45,7 @@ def test_mlp_breakdown_identities(shell: InteractiveShell) -> None:
     names = {t.name for t in r.tensors if t.alive}
     assert "out" in names and "loss" in names
     line = next(t.line for t in r.tensors if t.name == "out")
-    assert line == "cell line 4"  # %%gpumem is line 1, then a blank line
+    assert line == "cell line 2"  # as the traceback counts: from the first line that is not blank
 
 
 def test_gpt2_step_breakdown_sums_to_the_allocator_peak(shell: InteractiveShell) -> None:

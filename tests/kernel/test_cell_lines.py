@@ -16,11 +16,6 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RAISING = "first = 1\nsecond = 2\nkept = torch.ones(1024, 256); 1 / 0\n"  # raises at body line 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ipython/magic.py `_tracked` still passes cell=(body.filename, 1 + leading blank "
-    "lines): the editor's numbering; it must pass 0, the traceback's",
-)
 @pytest.mark.parametrize("before", ["", "\n", "\n  \n"], ids=["body", "blank line", "two blank"])
 def test_the_report_names_the_line_the_traceback_names(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str], before: str
