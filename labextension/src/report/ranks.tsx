@@ -8,6 +8,7 @@ import * as React from 'react';
 
 import { formatBytes, Units } from '../format';
 import { IReport, IReportDevice } from '../wire';
+import { CacheCell } from './cache';
 
 /** A rank's main device: the one its kernel named, else its first. */
 export function rankDevice(rank: IReport): IReportDevice | null {
@@ -128,9 +129,7 @@ export function RankTable(props: {
                       </div>
                     </div>
                   </td>
-                  <td className="jp-GpuMem-num">
-                    {formatBytes(device?.peak_reserved_bytes, units)}
-                  </td>
+                  <CacheCell device={device} bytes={device?.peak_reserved_bytes} units={units} />
                   <td>{peakAt(device)}</td>
                 </>
               )}

@@ -9,6 +9,7 @@ import * as React from 'react';
 
 import { formatBytes, formatSeconds, unitPreference, Units } from '../format';
 import { IReport, IReportDevice, parseReport, REPORT_MIME_TYPE, REPORT_SCHEMAS } from '../wire';
+import { CacheCell, hasCache } from './cache';
 import { breakdownSegments } from './categories';
 import { LargestFreed, LeakHints, OomSection, TensorTable } from './findings';
 import { ModuleSection } from './modules';
@@ -26,6 +27,36 @@ export function deviceId(device: IReportDevice): string {
 function deviceLabel(device: IReportDevice): string {
   const id = deviceId(device);
   return device.name ? `${id} · ${device.name}` : id;
+}
+
+/** How the report's figures were measured, in the user's words (the wire's `source`). */
+export const SOURCE_LABELS: Readonly<Record<string, { label: string; title: string }>> = {
+  'allocator-trace': {
+    label: 'allocator trace',
+    title: "every allocation of PyTorch's CUDA caching allocator, traced"
+  },
+  counters: {
+    label: 'peak counters',
+    title: "the CUDA allocator's peak counters only (--no-trace): no breakdown"
+  },
+  'cpu-dispatch': {
+    label: 'CPU tensors',
+    title: 'no CUDA device: the memory of the CPU tensors the cell made'
+  }
+};
+
+/** The header's note on how the figures were measured; none for `none` or no source. */
+function SourceBadge(props: { source: string | null | undefined }): JSX.Element | null {
+  const { source } = props;
+  if (!source || source === 'none') {
+    return null;
+  }
+  const known = SOURCE_LABELS[source];
+  return (
+    <span className="jp-GpuMem-reportMeta" title={known?.title}>
+      {known?.label ?? source}
+    </span>
+  );
 }
 
 function peakAt(device: IReportDevice): string {
@@ -57,14 +88,16 @@ function Messages(props: { kind: 'warning' | 'note'; items: string[] }): JSX.Ele
 
 function DeviceRows(props: { devices: IReportDevice[]; units: Units }): JSX.Element {
   const { units } = props;
+  // CPU devices alone: no reserved or cache columns at all.
+  const cached = props.devices.some(hasCache);
   return (
     <table className="jp-GpuMem-table jp-GpuMem-reportTable">
       <thead>
         <tr>
           <th>Device</th>
           <th>Peak allocated</th>
-          <th>Peak reserved</th>
-          <th>Cache</th>
+          {cached && <th>Peak reserved</th>}
+          {cached && <th>Cache</th>}
           <th>Δ allocated</th>
           <th>Peak at</th>
         </tr>
@@ -74,8 +107,10 @@ function DeviceRows(props: { devices: IReportDevice[]; units: Units }): JSX.Elem
           <tr key={`${device.device ?? ''}:${device.index}`}>
             <td className="jp-GpuMem-deviceName">{deviceLabel(device)}</td>
             <td className="jp-GpuMem-num">{formatBytes(device.peak_allocated_bytes, units)}</td>
-            <td className="jp-GpuMem-num">{formatBytes(device.peak_reserved_bytes, units)}</td>
-            <td className="jp-GpuMem-num">{formatBytes(device.cache_bytes, units)}</td>
+            {cached && (
+              <CacheCell device={device} bytes={device.peak_reserved_bytes} units={units} />
+            )}
+            {cached && <CacheCell device={device} bytes={device.cache_bytes} units={units} />}
             <td className="jp-GpuMem-num">
               {device.allocated_delta_bytes !== null && device.allocated_delta_bytes !== undefined
                 ? `${device.allocated_delta_bytes > 0 ? '+' : ''}${formatBytes(device.allocated_delta_bytes, units)}`
@@ -216,7 +251,7 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
         {report.wall_s !== null && (
           <span className="jp-GpuMem-reportMeta">{formatSeconds(report.wall_s)}</span>
         )}
-        {report.source && <span className="jp-GpuMem-reportMeta">{report.source}</span>}
+        <SourceBadge source={report.source} />
       </div>
       {report.error && <div className="jp-GpuMem-reportError">{report.error}</div>}
       {!report.cuda_available && !report.devices.length && (
@@ -225,8 +260,10 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
       {main && (
         <div className="jp-GpuMem-summary">
           <Metric label="Peak allocated" value={formatBytes(main.peak_allocated_bytes, units)} />
-          <Metric label="Peak reserved" value={formatBytes(main.peak_reserved_bytes, units)} />
-          <Metric label="Cache" value={formatBytes(main.cache_bytes, units)} />
+          {hasCache(main) && (
+            <Metric label="Peak reserved" value={formatBytes(main.peak_reserved_bytes, units)} />
+          )}
+          {hasCache(main) && <Metric label="Cache" value={formatBytes(main.cache_bytes, units)} />}
           <Metric label="Wall time" value={formatSeconds(report.wall_s)} />
           {report.budget_bytes ? (
             <Metric

@@ -67,6 +67,21 @@ describe('ranks', () => {
     expect(details(host)).toContain('%%gpumem rank 1');
   });
 
+  it('shows a dash with its reason for the reserved bytes of a rank on the CPU', () => {
+    const raw = twoRanks();
+    const cpu = fixture('report_cpu_training_step.json').devices[0];
+    raw.ranks[0].devices = [cpu];
+    raw.ranks[0].main_device = 'cpu';
+    const host = render(<ReportView report={parseReport(raw)} units="GiB" />);
+    const rows = host.querySelectorAll('.jp-GpuMem-rankRow');
+    const reserved = (row: Element) => row.querySelectorAll('td.jp-GpuMem-num')[1];
+    expect(reserved(rows[0]).textContent).toBe('—');
+    expect(reserved(rows[0]).getAttribute('title')).toBe(
+      'the CPU has no caching allocator, so nothing is reserved beyond what its tensors hold'
+    );
+    expect(reserved(rows[1]).textContent).toMatch(/MiB$/);
+  });
+
   it('gives a rank that died without a report a row that says how it ended', () => {
     const raw = twoRanks();
     raw.ranks.push({

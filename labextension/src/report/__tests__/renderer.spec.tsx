@@ -347,3 +347,55 @@ describe('main device and budget from the kernel', () => {
     expect(host.textContent).toContain('(exceeded)');
   });
 });
+
+describe('ReportView of CPU tensors', () => {
+  const CPU = 'report_cpu_training_step.json';
+  const WHY =
+    'the CPU has no caching allocator, so nothing is reserved beyond what its tensors hold';
+
+  it('shows no reserved or cache figures: the CPU has no caching allocator', () => {
+    const host = render(<ReportView report={parseReport(fixture(CPU))} units="GiB" />);
+    const metrics = Array.from(host.querySelectorAll('.jp-GpuMem-metricLabel')).map(
+      e => e.textContent
+    );
+    expect(metrics).toEqual(['Peak allocated', 'Wall time']);
+    const heads = Array.from(host.querySelectorAll('.jp-GpuMem-reportTable th')).map(
+      e => e.textContent
+    );
+    expect(heads).toEqual(['Device', 'Peak allocated', 'Δ allocated', 'Peak at']);
+    expect(host.textContent).not.toContain('Peak reserved');
+    expect(host.textContent).not.toContain('Cache');
+  });
+
+  it('says "CPU tensors" for how the figures were measured, not the source\'s name', () => {
+    const host = render(<ReportView report={parseReport(fixture(CPU))} units="GiB" />);
+    const meta = Array.from(
+      host.querySelectorAll('.jp-GpuMem-reportHeader .jp-GpuMem-reportMeta')
+    );
+    expect(meta.map(e => e.textContent)).toEqual(['62.6 ms', 'CPU tensors']);
+    expect(meta[1].getAttribute('title')).toBe(
+      'no CUDA device: the memory of the CPU tensors the cell made'
+    );
+    expect(host.textContent).not.toContain('cpu-dispatch');
+    const gpu = render(<ReportView report={parseReport(fixture('report.json'))} units="GiB" />);
+    expect(gpu.querySelector('.jp-GpuMem-reportHeader')?.textContent).toContain('allocator trace');
+    const none = parseReport({ ...fixture('report.json'), source: 'none' });
+    const bare = render(<ReportView report={none} units="GiB" />);
+    expect(bare.querySelectorAll('.jp-GpuMem-reportHeader .jp-GpuMem-reportMeta')).toHaveLength(1);
+  });
+
+  it('gives a CPU row beside a GPU a dash that says why', () => {
+    const raw = fixture('report.json');
+    raw.devices.push({ ...fixture(CPU).devices[0] });
+    const host = render(<ReportView report={parseReport(raw)} units="GiB" />);
+    const rows = Array.from(host.querySelectorAll('.jp-GpuMem-reportTable tbody tr')).map(tr =>
+      Array.from(tr.querySelectorAll('td')).map(td => td.textContent)
+    );
+    expect(rows[0].slice(2, 4)).toEqual(['15.5 GiB', '13.2 GiB']);
+    expect(rows[1].slice(2, 4)).toEqual(['—', '—']);
+    const dashes = host.querySelectorAll('.jp-GpuMem-reportTable td.jp-GpuMem-noCache');
+    expect(Array.from(dashes).map(td => td.getAttribute('title'))).toEqual([WHY, WHY]);
+    // The GPU is the main device: its metrics stay.
+    expect(host.textContent).toContain('Peak reserved15.5 GiB');
+  });
+});
