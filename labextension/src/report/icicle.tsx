@@ -14,6 +14,7 @@ import {
   IIcicleCell,
   MIN_SHARE,
   moduleLabel,
+  moduleName,
   ownTotal,
   pathTo,
   totalBytes,
@@ -40,7 +41,7 @@ export function moduleTitle(node: IModuleNode, units: Units): string {
   const own = ownTotal(node);
   const ownText = node.children.length ? `; own ${formatBytes(own, units)}` : '';
   return (
-    `${node.path || moduleLabel(node.path)} · ${formatBytes(totalBytes(node), units)}` +
+    `${moduleName(node.path)} · ${formatBytes(totalBytes(node), units)}` +
     `${parts.length ? ` (${parts.join(', ')})` : ''}${ownText}`
   );
 }

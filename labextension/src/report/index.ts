@@ -3,8 +3,8 @@
  * made of its timeline, breakdown, findings, peak by module and worker ranks. They read
  * the report's wire format (../wire) only. The mime extension (../mime.ts) registers
  * `rendererFactory`; the sidebar names a report's main device (`mainDevice`,
- * `deviceId`), and the notebook's report list asks a report's module section to show
- * one module (`showModule`).
+ * `deviceId`) and its largest module (`moduleName`), and the notebook's report list asks
+ * a report's module section to show one module (`showModule`).
  */
 export {
   deviceId,
@@ -15,4 +15,5 @@ export {
   ReportView
 } from './renderer';
 export { SHOW_MODULE_EVENT, showModule } from './modules';
+export { moduleName } from './moduletree';
 export type { IModuleTarget } from './modules';

@@ -15,6 +15,7 @@ import { Icicle, percent } from './icicle';
 import {
   ICICLE_LEVELS,
   initiallyOpen,
+  moduleName,
   openTo,
   ownTotal,
   pathTo,
@@ -222,10 +223,10 @@ export function ModuleSection(props: {
           <span className="jp-GpuMem-findingLabel">Largest module (own bytes):</span>{' '}
           <button
             className="jp-GpuMem-moduleLink"
-            title={`Show ${largest.path} in the tree`}
+            title={`Show ${moduleName(largest.path)} in the tree`}
             onClick={() => show(largest.path)}
           >
-            {largest.path}
+            {moduleName(largest.path)}
           </button>{' '}
           {formatBytes(largest.bytes, units)}
         </div>

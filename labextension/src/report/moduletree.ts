@@ -61,6 +61,18 @@ export function moduleLabel(path: string, parentPath: string | null = null): str
   return base && path.startsWith(`${base}.`) ? path.slice(base.length + 1) : path;
 }
 
+/**
+ * A module's name where it stands alone (the largest module, a tooltip): its path
+ * (`transformer.h.3.attn`); the root `model`; `model.2` where the path starts with an index
+ * (a Sequential's child), which alone would read as a number beside its bytes.
+ */
+export function moduleName(path: string): string {
+  if (!path) {
+    return ROOT_LABEL;
+  }
+  return /^\d/.test(path) ? `${ROOT_LABEL}.${path}` : path;
+}
+
 /** The nodes from the root down to the one at `path` (both included); null if none is. */
 export function pathTo(root: IModuleNode, path: string): IModuleNode[] | null {
   if (root.path === path) {

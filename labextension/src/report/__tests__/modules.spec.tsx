@@ -9,6 +9,7 @@ import {
   icicleLayout,
   initiallyOpen,
   moduleLabel,
+  moduleName,
   openTo,
   ownBytes,
   ownTotal,
@@ -339,6 +340,46 @@ describe('ModuleSection in a report', () => {
     );
     expect(host.querySelector('img')).toBeNull();
     expect((host.textContent ?? '').split(HOSTILE).length - 1).toBeGreaterThanOrEqual(2);
+  });
+});
+
+describe('a module named by an index', () => {
+  /** nn.Sequential(Linear, ReLU, Linear): the largest module is its child `2`. */
+  function sequential(): IModuleNode {
+    return node('', { parameters: 20 * 2 ** 20 }, [
+      node('0', { parameters: 4 * 2 ** 20 }),
+      node('2', { parameters: 16 * 2 ** 20 })
+    ]);
+  }
+
+  it('reads as a module, not a number, wherever it stands alone', () => {
+    expect(moduleName('')).toBe('model');
+    expect(moduleName('2')).toBe('model.2');
+    expect(moduleName('0.attn#1')).toBe('model.0.attn#1');
+    expect(moduleName('transformer.h.3')).toBe('transformer.h.3');
+    expect(moduleTitle(node('2', { parameters: 2 ** 20 }), 'GiB')).toBe(
+      'model.2 · 1 MiB (parameters 1 MiB)'
+    );
+  });
+
+  it('is the largest module as model.2, its link still showing the module 2', () => {
+    const host = render(
+      <ModuleSection
+        tree={sequential()}
+        largest={{ path: '2', bytes: 16 * 2 ** 20 }}
+        device="cpu"
+        label="cpu"
+        units="GiB"
+      />
+    );
+    const largest = host.querySelector('.jp-GpuMem-largestModule');
+    expect(largest?.textContent).toBe('Largest module (own bytes): model.2 16 MiB');
+    const link = host.querySelector('.jp-GpuMem-moduleLink')!;
+    expect(link.getAttribute('title')).toBe('Show model.2 in the tree');
+    click(link);
+    expect(
+      host.querySelector('.jp-GpuMem-moduleRow.jp-mod-highlight')?.getAttribute('data-path')
+    ).toBe('2');
   });
 });
 
