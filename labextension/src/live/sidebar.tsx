@@ -17,7 +17,7 @@ import {
   Units
 } from '../format';
 import { IReportEntry, NotebookReports } from '../notebook';
-import { deviceId, IModuleTarget, mainDevice } from '../report';
+import { deviceId, IModuleTarget, mainDevice, moduleName } from '../report';
 import { IDevice, IKernelHost, IKernelProcesses, IProcess, ISample } from '../wire';
 import { Gauge, Sparkline } from './charts';
 import { GpuModel, IPoint } from './model';
@@ -258,7 +258,7 @@ function ReportList(props: {
             const peak = peakOf(entry);
             const largest = largestModuleOf(entry);
             return (
-              <li key={`${entry.cellId}:${i}`}>
+              <li key={`${entry.cellId}:${i}`} className="jp-GpuMem-reportCard">
                 <button
                   className="jp-GpuMem-reportItem"
                   onClick={() => props.onReveal(entry)}
@@ -284,10 +284,10 @@ function ReportList(props: {
                     onClick={() =>
                       props.onReveal(entry, { device: largest.device, path: largest.path })
                     }
-                    title={`Show ${largest.path} in this report's modules`}
+                    title={`Show ${moduleName(largest.path)} in this report's modules`}
                   >
                     <span className="jp-GpuMem-reportModuleLabel">largest:</span>
-                    <span className="jp-GpuMem-reportModulePath">{largest.path}</span>
+                    <span className="jp-GpuMem-reportModulePath">{moduleName(largest.path)}</span>
                     <span className="jp-GpuMem-reportModuleBytes">
                       {formatBytes(largest.bytes, props.units)}
                     </span>

@@ -1,3 +1,5 @@
+import * as fs from 'fs';
+import * as path from 'path';
 import * as React from 'react';
 
 import { click, fixture, HOSTILE, render } from '../../__tests__/helpers';
@@ -255,6 +257,63 @@ describe('SidebarView', () => {
     const [entry, module] = onReveal.mock.calls[0];
     expect((entry as IReportEntry).cellId).toBe('gpt');
     expect(module).toEqual({ device: 'cpu', path: 'transformer.h.0.mlp.act' });
+  });
+
+  it('names a largest module that is an index as model.2, and reveals the module 2', () => {
+    const gpt = fixture('report_cpu_gpt_step.json');
+    gpt.devices[0].largest_module = { path: '2', bytes: 16 * 2 ** 20 };
+    const reports = collectReports([reportCell('seq', gpt)]);
+    const onReveal = jest.fn();
+    const host = render(
+      <SidebarView {...props({ notebookTitle: 'seq.ipynb', reports, onReveal })} />
+    );
+    const link = host.querySelector('.jp-GpuMem-reportModule')!;
+    expect(link.textContent).toBe('largest:model.216 MiB');
+    expect(link.getAttribute('title')).toBe("Show model.2 in this report's modules");
+    click(link);
+    expect(onReveal.mock.calls[0][1]).toEqual({ device: 'cpu', path: '2' });
+  });
+
+  it("keeps a report's largest module inside its card, long names ellipsized", () => {
+    const gpt = fixture('report_cpu_gpt_step.json');
+    gpt.devices[0].largest_module.path = `transformer.${'very_long_module_name.'.repeat(8)}act`;
+    const reports = collectReports([reportCell('gpt', gpt)]);
+    const host = render(<SidebarView {...props({ notebookTitle: 'gpt.ipynb', reports })} />);
+    // One card (the list item holds the border) around the cell's button and the module's.
+    const card = host.querySelector('.jp-GpuMem-reportList > li')!;
+    expect(card.classList.contains('jp-GpuMem-reportCard')).toBe(true);
+    expect(Array.from(card.children).map(c => c.className)).toEqual([
+      'jp-GpuMem-reportItem',
+      'jp-GpuMem-reportModule'
+    ]);
+    // jsdom lays nothing out: the rules that keep the row inside the card are read instead.
+    const css = fs.readFileSync(
+      path.resolve(__dirname, '..', '..', '..', 'style', 'base.css'),
+      'utf-8'
+    );
+    const rule = (selector: string): string => {
+      const escaped = selector.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+      return new RegExp(`(^|\\n)${escaped} \\{([^}]*)\\}`).exec(css)?.[2] ?? '';
+    };
+    const cardRule = rule('.jp-GpuMem-reportCard');
+    expect(cardRule).toContain('border: var(--jp-border-width) solid var(--jp-border-color2);');
+    expect(cardRule).toContain('overflow: hidden;');
+    for (const button of ['.jp-GpuMem-reportItem', '.jp-GpuMem-reportModule']) {
+      const r = rule(button);
+      const fits = ['box-sizing: border-box;', 'width: 100%;', 'min-width: 0;', 'margin: 0;'];
+      for (const decl of [...fits, 'border: none;']) {
+        expect(r).toContain(decl);
+      }
+    }
+    for (const text of ['.jp-GpuMem-reportModulePath', '.jp-GpuMem-reportItemName']) {
+      const r = rule(text);
+      for (const decl of ['min-width: 0;', 'overflow: hidden;', 'text-overflow: ellipsis;']) {
+        expect(r).toContain(decl);
+      }
+      expect(r).toContain('white-space: nowrap;');
+    }
+    expect(rule('.jp-GpuMem-reportModuleLabel')).toContain('flex: 0 0 auto;');
+    expect(rule('.jp-GpuMem-reportModuleBytes')).toContain('flex: 0 0 auto;');
   });
 
   it('asks for a notebook when none is open', () => {
