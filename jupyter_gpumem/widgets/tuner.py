@@ -19,7 +19,13 @@ the budget; Re-run with GPUs > 1 measures the ranks, shown outlined in the same 
 
 Every button calls a public method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`,
 `estimate_gpus`), so notebooks and tests drive the same code; a button never lets an exception
-escape, it shows the message in the panel.
+escape, it shows the message in the panel. Apply and Revert say in the status line what they
+did; after Revert (or before any Apply) ``tuner.applied`` is the model as it is and says so.
+
+"Fit to budget" changes what "fit may change" allows: checkpointing and precision by default,
+the optimizer only when ticked, since it is the user's training math. Its first line says what
+it chose and what it kept. On the CPU the panel says that step times include the tracker's
+cost, so they compare configurations with each other only.
 
 Known limitations:
     - Re-running the user's cell under fp16 autocast scales the loss only if the loop calls
@@ -32,6 +38,8 @@ Known limitations:
     - The per-rank chart shows one set of techniques: those of the latest "Will it fit on N
       GPUs?" or parallel measurement. Runs of other techniques stay in the table, estimates of
       other techniques in ``tuner.gpu_estimates``.
+    - On the CPU, every measured step includes the CPU tracker's cost, and predicted step
+      times can be far from the measured ones; the panel says so beside them.
 """
 
 from __future__ import annotations
@@ -47,7 +55,14 @@ import ipywidgets as widgets
 
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.session import collect
-from jupyter_gpumem.techniques import PARALLELS, Applied, Config, apply_config, blocks
+from jupyter_gpumem.techniques import (
+    PARALLELS,
+    Applied,
+    Config,
+    apply_config,
+    blocks,
+    checkpoint_targets,
+)
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
@@ -57,15 +72,11 @@ from jupyter_gpumem.tuner.planning.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.results import TrialResult, cell_result
 from jupyter_gpumem.tuner.trial import Trial
 from jupyter_gpumem.units import SIZE_HELP, parse_size
+from jupyter_gpumem.widgets.chart_labels import chart_label
+from jupyter_gpumem.widgets.plan_view import CPU_STEPS, choice_line, kept_line, plan_html
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
-from jupyter_gpumem.widgets.tuner_charts import (
-    AS_IS,
-    GPUS_BUTTON,
-    Panel,
-    message_html,
-    plan_html,
-    rows_text,
-)
+from jupyter_gpumem.widgets.tuner_charts import AS_IS, GPUS_BUTTON, message_html, rows_text
+from jupyter_gpumem.widgets.tuner_panel import Module, Panel
 
 __all__ = ["Tuner", "tune"]
 
@@ -80,6 +91,13 @@ NEEDS_TRIAL = (
     "where loss_fn(model, batch) returns the loss"
 )
 _MISSING = object()
+
+
+class AsIs(Applied):
+    """Nothing applied: the model as it is, with step helpers that do what a plain loop does."""
+
+    def __repr__(self) -> str:
+        return f"<Applied nothing on {type(self.model).__name__}: the model as it is>"
 
 
 class Tuner(widgets.VBox):
@@ -145,6 +163,9 @@ class Tuner(widgets.VBox):
         unknown = [n for n in names if n not in self._module_names]
         if unknown:
             raise ValueError(f"the model has no module named {', '.join(map(repr, unknown))}")
+        self.panel.show_modules(names)
+        if config.every > 1 or (isinstance(spec, str) and spec != "blocks"):
+            self.panel.more.selected_index = 0  # where every n-th and the regex are
         with self.hold_trait_notifications():
             self.panel.all_blocks.value = spec == "blocks"
             self.panel.modules.value = names
@@ -158,26 +179,54 @@ class Tuner(widgets.VBox):
 
     @property
     def applied(self) -> Applied:
-        """The active configuration's step helpers (``autocast``, ``backward``, ``step``) for your loop."""
-        if self._applied is None:
-            self._apply(Config())
-        assert self._applied is not None
-        return self._applied
+        """The active configuration's step helpers (``autocast``, ``backward``, ``step``) for your loop.
+
+        Before any Apply and after Revert, nothing is applied: the helpers are those of the
+        model as it is (no autocast, a plain backward and step of your optimizer).
+        """
+        if self._applied is not None:
+            return self._applied
+        import torch  # the techniques have imported it
+
+        current = self._ns.get(self.optimizer_name)
+        opt = current if isinstance(current, torch.optim.Optimizer) else None
+        return AsIs(self.model, opt, Config(), (), None, [], opt)
 
     def apply(self) -> Applied:
         """Apply the panel's configuration (reverting any earlier one first).
 
         A parallel configuration is applied without its GPUs and strategy: it would wrap or
         shard the model for a process group this kernel does not have. The panel says so.
+        The status line says what was applied.
         """
         config = self.config
         applied = self._apply(config.single)
         if config.parallel is not None:
             self.panel.say("info", [parallel_not_applied(config)])
+        rebound = (
+            f"; {self.optimizer_name} now names a new {type(applied.optimizer).__name__} "
+            "(Revert gives the original back)"
+            if self._rebound
+            else ""
+        )
+        what = "nothing (the model as it is)" if config.single == Config() else str(config.single)
+        self.panel.status.value = f"applied {what}{rebound}"
         return applied
 
     def revert(self) -> None:
-        """Undo the applied configuration; the optimizer variable gets its original object back."""
+        """Undo the applied configuration; the optimizer variable gets its original object back.
+
+        The status line says what was reverted; ``tuner.applied`` is the model as it is again.
+        """
+        held, rebound = self._applied, self._rebound
+        self._revert()
+        if held is None:
+            self.panel.status.value = "nothing to revert: nothing is applied"
+            return
+        back = f"; {self.optimizer_name} names its original optimizer again" if rebound else ""
+        self.panel.status.value = f"reverted {held.config}: the model is as it was{back}"
+
+    def _revert(self) -> None:
         applied, self._applied = self._applied, None
         if applied is not None:
             applied.revert()
@@ -245,11 +294,13 @@ class Tuner(widgets.VBox):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """One dict of plain numbers per measurement, with deltas against the baseline."""
+        """One dict of plain numbers per measurement, with deltas against the baseline, and
+        its configuration's short name for the charts (``chart_label``)."""
         base = self.baseline
         return [
             {
                 **r.to_row(base, self.budget_bytes),
+                "chart_label": self._chart_label(r),
                 "status": r.status,
                 "error": r.error,
                 "breakdown": dict(r.breakdown) if r.breakdown else None,
@@ -259,8 +310,24 @@ class Tuner(widgets.VBox):
         ]
 
     def text(self) -> str:
-        """The results table as fixed-width text."""
-        return rows_text(self.rows)
+        """The results table as fixed-width text (on the CPU, with what its step times mean)."""
+        table = rows_text(self.rows)
+        return f"{table}\n{CPU_STEPS}" if self.on_cpu and self.results else table
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the measured steps run on the CPU (the trial's device, else the model's)."""
+        if self.trial is not None:
+            device = self.trial.device
+        else:
+            first = next(iter(self.model.parameters()), None)
+            device = None if first is None else first.device
+        return getattr(device, "type", device) == "cpu"
+
+    def _chart_label(self, r: TrialResult) -> str:
+        full = str(r.config)
+        prefix = r.label[: -len(full)] if r.label.endswith(full) else ""
+        return chart_label(r.config, self.panel.blocks, prefix)
 
     def set_budget(self, budget: str | int | None) -> int | None:
         """Set the memory budget from "12GiB" or bytes; ValueError says what sizes look like."""
@@ -280,31 +347,52 @@ class Tuner(widgets.VBox):
     ) -> Plan | FitChoice:
         """Fit the budget and show the answer in the panel, ready for Apply.
 
-        With a trial: ``fit_plan`` plans (``techniques``, by default the ones ticked in the
-        panel), verifies the plan by a measured run, and the panel shows the plan, its
-        prediction and its measurement side by side; returns the Plan. Without one: the
-        measured configuration that fits at the least step time; returns the FitChoice.
+        ``techniques`` names what the fit may change (by default the ones ticked under "fit
+        may change": checkpointing and precision, not the optimizer). With a trial:
+        ``fit_plan`` plans, verifies the plan by a measured run, and the panel shows the plan,
+        its prediction and its measurement side by side; returns the Plan. Without one: the
+        measured configuration that fits at the least step time among those that change only
+        what is allowed; returns the FitChoice. The first line says what was chosen and kept.
         """
         if budget is not None:
             self.set_budget(budget)
         if self.budget_bytes is None:
             raise ValueError("set a budget first, e.g. tuner.fit('12GiB')")
+        if techniques is None:
+            techniques = [n for n, box in self.panel.fit_techniques.items() if box.value]
         if self.trial is not None:
             return self._fit_plan(self.trial, self.budget_bytes, techniques)
         if not self.results:
             raise ValueError("nothing is measured yet: press Re-run or call tuner.compare([...])")
-        choice = fit_to_budget(self.results, self.budget_bytes, self.baseline)
-        lines = list(choice.reasoning)
+        allowed = [r for r in self.results if _changes_only(r.config, techniques)]
+        baseline = self.baseline
+        choice = fit_to_budget(allowed or self.results, self.budget_bytes, baseline)
         chosen = [r.config for r in self.results if r.label == choice.chosen]
+        lines = [choice_line(chosen[-1] if chosen else None, **self._now())]
+        kept = kept_line(techniques)
+        left_out = [r.label for r in self.results if r not in allowed]
+        if kept and left_out:
+            lines.append(f"{kept} Left out: {', '.join(dict.fromkeys(left_out))}.")
+        lines += list(choice.reasoning)
         if chosen:
             self.set(chosen[-1])
             lines.append("The panel now shows it: press Apply to use it.")
-        self.panel.fit_text.value = "<br>".join(html.escape(line) for line in lines)
+        if self.on_cpu:
+            lines.append(CPU_STEPS)
+        first, *rest = (html.escape(line) for line in lines)
+        self.panel.fit_text.value = f"<b>{first}</b><br>" + "<br>".join(rest)
         return choice
 
-    def _fit_plan(self, trial: Trial, budget_bytes: int, techniques: Sequence[str] | None) -> Plan:
-        if techniques is None:
-            techniques = [n for n, box in self.panel.fit_techniques.items() if box.value]
+    def _now(self) -> dict[str, Any]:
+        """The blocks, and the precision and optimizer as they are, for `choice_line`."""
+        return {
+            "blocks": self.panel.blocks,
+            "precision_now": precision_name(self.model),
+            "optimizer_now": optimizer_name(self._ns.get(self.optimizer_name))
+            or (optimizer_name(self.trial.optimizer) if self.trial is not None else None),
+        }
+
+    def _fit_plan(self, trial: Trial, budget_bytes: int, techniques: Sequence[str]) -> Plan:
         if self._busy:
             raise RuntimeError("the tuner is already measuring")
         self._busy = True
@@ -319,7 +407,14 @@ class Tuner(widgets.VBox):
             self.results.append(replace(plan.result, label=f"plan · {plan.result.label}"))
         self.plan = plan
         self.set(plan.config)
-        self.panel.fit_text.value = plan_html(plan.to_dict())
+        now = self._now()
+        self.panel.fit_text.value = plan_html(
+            plan.to_dict(),
+            precision_now=now["precision_now"],
+            optimizer_now=now["optimizer_now"],
+            on_cpu=self.on_cpu,
+            allowed=techniques,
+        )
         self.panel.status.value = "planned and verified" if plan.result else "planned"
         self._refresh()
         return plan
@@ -351,7 +446,10 @@ class Tuner(widgets.VBox):
         finally:
             self._busy = False
             if self.trial is None and not keep:
-                self._apply(before or Config())
+                if before is None:
+                    self._revert()  # nothing was applied before: nothing is now
+                else:
+                    self._apply(before)
         return out
 
     @contextlib.contextmanager
@@ -359,7 +457,7 @@ class Tuner(widgets.VBox):
         """A trial applies its own configurations: lift the panel's one while it runs."""
         held = None if self.trial is None or self._applied is None else self._applied.config
         if held is not None:
-            self.revert()
+            self._revert()
         try:
             yield
         finally:
@@ -380,7 +478,7 @@ class Tuner(widgets.VBox):
         return self._run_cell(config)
 
     def _apply(self, config: Config) -> Applied:
-        self.revert()
+        self._revert()
         current = self._ns.get(self.optimizer_name, _MISSING)
         applied = apply_config(self.model, config, None if current is _MISSING else current)
         self._applied = applied
@@ -433,13 +531,18 @@ class Tuner(widgets.VBox):
             f"<b>Technique tuner</b>: {html.escape(type(self.model).__name__)}, {params:,} "
             f"parameters, optimizer variable <code>{html.escape(self.optimizer_name)}</code>"
         )
+        modules = [
+            Module(n, type(kinds[n]).__name__, not any(True for _ in kinds[n].children()))
+            for n in self._module_names
+        ]
         panel = Panel(
             title,
-            [(f"{n}  ({type(kinds[n]).__name__})", n) for n in self._module_names],
+            modules,
             first,
             self.optimizer_name,
             precision_now=precision_name(self.model),
             optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
+            on_cpu=self.on_cpu,
         )
         actions: dict[str, Callable[[], object]] = {
             "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,
@@ -471,7 +574,7 @@ class Tuner(widgets.VBox):
             self.panel.budget_error.value = message_html("error", f"budget: {exc}")
 
     def _refresh(self) -> None:
-        self.panel.show(self.rows)
+        self.panel.show(self.rows, self.budget_bytes)
         self._show_blocks()
         self._show_ranks()
 
@@ -489,9 +592,28 @@ class Tuner(widgets.VBox):
             figures = block_activations(r.report, names)
             if figures:
                 status = "" if r.status == "ok" else f" ({r.status})"
-                self.panel.block_bars.update(figures, f"{r.label}{status}")
+                checkpointed = self._checkpointed(r.config, names)
+                self.panel.block_bars.update(figures, f"{r.label}{status}", checkpointed)
                 return
         self.panel.block_bars.update({})
+
+    def _checkpointed(self, config: Config, names: Sequence[str]) -> frozenset[str]:
+        """The blocks among ``names`` that ``config`` checkpoints, whole or as part of a region."""
+        try:
+            targets = checkpoint_targets(self.model, config.checkpoint, config.every)
+        except ValueError:  # a configuration that could not be applied checkpointed nothing
+            return frozenset()
+        return frozenset(n for n in names if any(n == t or n.startswith(f"{t}.") for t in targets))
+
+
+def _changes_only(config: Config, techniques: Sequence[str]) -> bool:
+    """Whether ``config`` changes only what ``techniques`` allows (GPUs are not a technique)."""
+    changed = {
+        "checkpoint": config.checkpoint is not None,
+        "precision": config.precision is not None,
+        "optimizer": config.optimizer is not None,
+    }
+    return all(t in techniques for t, on in changed.items() if on)
 
 
 def parallel_not_applied(config: Config) -> str:

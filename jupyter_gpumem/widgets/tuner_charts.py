@@ -1,10 +1,12 @@
-"""The technique tuner's widgets without behaviour: the form, the results table and the charts.
+"""The technique tuner's results without behaviour: the table and the charts.
 
-`jupyter_gpumem.widgets.tuner.Tuner` wires the buttons to its methods; the per-rank chart of
-"Will it fit on N GPUs?" is `jupyter_gpumem.widgets.rank_chart`. A row is the plain dict that
-`Tuner.rows` returns: bytes as ints, times in ms, percentages as floats, ``None`` where a number
-is unknown. Units are spelled only here, through `jupyter_gpumem.units`; every piece of text
-that reaches HTML is escaped.
+The form is `jupyter_gpumem.widgets.tuner_panel`, what "Fit to budget" chose
+`jupyter_gpumem.widgets.plan_view`, the per-rank chart of "Will it fit on N GPUs?"
+`jupyter_gpumem.widgets.rank_chart`; `jupyter_gpumem.widgets.tuner.Tuner` wires them. A row is
+the plain dict that `Tuner.rows` returns: bytes as ints, times in ms, percentages as floats,
+``None`` where a number is unknown, and ``chart_label``, the configuration's short name for the
+charts (`jupyter_gpumem.widgets.chart_labels`; the table keeps the full one). Units are spelled
+through `jupyter_gpumem.units`; every piece of text that reaches HTML is escaped.
 """
 
 from __future__ import annotations
@@ -15,22 +17,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
-from bqplot import Axis, Bars, Figure, LinearScale, OrdinalScale, Scatter
+from bqplot import Axis, Bars, Figure, LinearScale, Lines, OrdinalScale, Scatter
 
-from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS
 from jupyter_gpumem.units import format_bytes
-from jupyter_gpumem.widgets.block_bars import BlockBars
-from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
+from jupyter_gpumem.widgets.chart_labels import cut, numbered
+from jupyter_gpumem.widgets.rank_chart import COLORS
 
 __all__ = [
     "AS_IS",
     "CATEGORY_COLORS",
     "GPUS_BUTTON",
     "BreakdownChart",
-    "Panel",
     "TradeoffChart",
+    "chart_labels",
     "message_html",
-    "plan_html",
     "rows_html",
     "rows_text",
 ]
@@ -221,26 +221,65 @@ def _categories(rows: Sequence[Row]) -> list[str]:
     return known + sorted(present - set(known))
 
 
-def legend_html(categories: Sequence[str]) -> str:
-    """The bar chart's legend: swatches with labels in the page's own text colour."""
-    esc = html.escape
-    items = "".join(
+def chart_labels(rows: Sequence[Row]) -> list[str]:
+    """Each row's name on a chart: its short ``chart_label`` (else its configuration, cut at
+    the end), numbered where two come out alike."""
+    return numbered([str(r.get("chart_label") or cut(str(r["configuration"]))) for r in rows])
+
+
+def _swatch(style: str, text: str) -> str:
+    return (
         '<span style="display:inline-block;margin:0 .9em .2em 0;white-space:nowrap">'
-        f'<span style="display:inline-block;width:.8em;height:.8em;margin-right:.3em;'
-        f'vertical-align:-.05em;background:{CATEGORY_COLORS.get(c, UNKNOWN_COLOR)}"></span>'
-        f"{esc(_category_label(c))}</span>"
-        for c in categories
+        f'<span style="display:inline-block;margin-right:.3em;{style}"></span>{text}</span>'
     )
-    return f'<div class="jp-gpumem-legend" style="color:inherit;padding-left:8px">{items}</div>'
+
+
+def legend_html(categories: Sequence[str], budget_bytes: int | None = None) -> str:
+    """The bar chart's legend: swatches with labels in the page's own text colour, then the
+    budget line's dashes where a budget is set."""
+    esc = html.escape
+    items = [
+        _swatch(
+            "width:.8em;height:.8em;vertical-align:-.05em;"
+            f"background:{CATEGORY_COLORS.get(c, UNKNOWN_COLOR)}",
+            esc(_category_label(c)),
+        )
+        for c in categories
+    ]
+    if budget_bytes is not None:
+        dashes = (
+            f"width:1.4em;height:0;border-top:2px dashed {COLORS['budget']};vertical-align:.25em"
+        )
+        items.append(_swatch(dashes, esc(f"budget {format_bytes(budget_bytes)}")))
+    return f'<div class="jp-gpumem-legend" style="color:inherit;padding-left:8px">{"".join(items)}</div>'
+
+
+def names_html(rows: Sequence[Row]) -> str:
+    """The full configuration of each chart label that is shorter than it: ``a = b`` lines."""
+    esc = html.escape
+    pairs = [
+        (short, str(r["configuration"]))
+        for short, r in zip(chart_labels(rows), rows, strict=True)
+        if short != str(r["configuration"])
+    ]
+    if not pairs:
+        return ""
+    lines = "".join(f"<div><b>{esc(a)}</b>: {esc(b)}</div>" for a, b in pairs)
+    return (
+        '<div class="jp-gpumem-chart-names" style="color:var(--jp-ui-font-color2,#616161);'
+        f'padding-left:8px;font-size:var(--jp-ui-font-size0,11px)">{lines}</div>'
+    )
 
 
 class BreakdownChart:
     """Stacked bars, one row per configuration: what the peak of each was made of.
 
-    The bars are horizontal so that configuration names, however long, are read level on the
-    left instead of running into each other under the bars. The legend is HTML under the
-    figure (``widget`` holds both): bqplot draws its legend over the plot area, where it covers
-    bars, in a text colour that some themes make pale.
+    The bars are horizontal so that configuration names are read level on the left instead
+    of running into each other under the bars; they are the rows' short chart labels, so that
+    none is cut at its start, with the full ones under the legend. A budget is a dashed line
+    across the bars. The legend is HTML under the figure (``widget`` holds both): bqplot draws
+    its legend over the plot area, where it covers bars, in a text colour that some themes
+    make pale.
     """
 
     def __init__(self) -> None:
@@ -255,9 +294,19 @@ class BreakdownChart:
             display_legend=False,
             padding=0.3,
         )
+        # The bars lie along the figure's x, so the budget's vertical line takes the bars'
+        # memory scale as its x and runs the plot's height on a 0..1 scale of its own.
+        self.budget = Lines(
+            x=[],
+            y=[],
+            scales={"x": self.y, "y": LinearScale(min=0.0, max=1.0)},
+            colors=[COLORS["budget"]],
+            line_style="dashed",
+            stroke_width=2,
+        )
         self.y_axis = Axis(scale=self.y, side="bottom", tick_format=".3~g")  # the memory axis
         self.figure = Figure(
-            marks=[self.bars],
+            marks=[self.bars, self.budget],
             axes=[Axis(scale=self.x, side="left", orientation="vertical"), self.y_axis],
             title="breakdown at the peak",
             title_style=TITLE_STYLE,
@@ -266,26 +315,34 @@ class BreakdownChart:
             layout=widgets.Layout(height="340px", width="100%"),
         )
         self.legend = widgets.HTML()
+        self.names = widgets.HTML()
         self.widget = widgets.VBox(
-            [self.figure, self.legend], layout=widgets.Layout(width="50%", min_width="320px")
+            [self.figure, self.legend, self.names],
+            layout=widgets.Layout(width="50%", min_width="320px"),
         )
 
-    def update(self, rows: Sequence[Row]) -> None:
+    def update(self, rows: Sequence[Row], budget_bytes: int | None = None) -> None:
         shown = [r for r in rows if r.get("breakdown")]
         categories = _categories(shown)
         top = max((sum((r.get("breakdown") or {}).values()) for r in shown), default=0)
-        unit, scale = _unit(top)
+        unit, scale = _unit(max(top, budget_bytes or 0))
         with self.bars.hold_sync():
-            self.bars.x = [str(r["configuration"]) for r in shown]
+            self.bars.x = chart_labels(shown)
             self.bars.y = [
                 [(r.get("breakdown") or {}).get(c, 0) / scale for r in shown] for c in categories
             ]
             self.bars.labels = [_category_label(c) for c in categories]
             self.bars.colors = [CATEGORY_COLORS.get(c, UNKNOWN_COLOR) for c in categories]
-        self.y.max = top / scale * 1.05 if top else None  # the longest bar ends inside the plot
+        drawn = budget_bytes is not None and bool(shown)
+        with self.budget.hold_sync():
+            self.budget.x = [budget_bytes / scale] * 2 if drawn and budget_bytes else []
+            self.budget.y = [0.0, 1.0] if drawn else []
+        end = max(top, budget_bytes or 0) if shown else 0
+        self.y.max = end / scale * 1.05 if end else None  # the longest bar ends inside the plot
         self.y_axis.label = f"memory ({unit})"
         self.figure.fig_margin = self._margin(self.bars.x)
-        self.legend.value = legend_html(categories)
+        self.legend.value = legend_html(categories, budget_bytes if drawn else None)
+        self.names.value = names_html(shown)
 
     @staticmethod
     def _margin(names: Sequence[str]) -> dict[str, int]:
@@ -304,7 +361,7 @@ def padded_range(
 
 
 class TradeoffChart:
-    """Memory saved against step-time cost, one labelled point per configuration.
+    """Memory saved against step-time cost, one point per configuration, named by its chart label.
 
     The scales reach past the outermost points, furthest to the right, where the names are
     drawn, so that no point or name is cut at the plot's edge.
@@ -347,203 +404,21 @@ class TradeoffChart:
         unit, scale = _unit(max((abs(s) for s in saved), default=0))
         xs = [float(r["delta_step_pct"]) for r in shown]
         ys = [s / scale for s in saved]
-        longest = max((len(str(r["configuration"])) for r in shown), default=0)
+        names = chart_labels(shown)
+        longest = max((len(n) for n in names), default=0)
         with self.points.hold_sync():
             self.points.x = xs
             self.points.y = ys
-            self.points.names = [str(r["configuration"]) for r in shown]
+            self.points.names = names
         # about 1.5% of the span per character of the longest name: room for it on the right
         self.x.min, self.x.max = padded_range(xs, low=0.08, high=0.1 + 0.015 * longest)
         self.y.min, self.y.max = padded_range(ys, low=0.1, high=0.15)
         self.y_axis.label = f"memory saved ({unit})"
 
 
-def plan_html(plan: Mapping[str, Any]) -> str:
-    """A plan beside its prediction and measurement (``Plan.to_dict()``), then its reasoning."""
-    esc = html.escape
-    budget = plan.get("budget_bytes")
-    measured = plan.get("measured_peak_bytes") is not None
-
-    def fits(value: bool | None) -> str:
-        return "" if value is None else "yes" if value else "no"
-
-    rows = [
-        ("peak", format_bytes(plan.get("predicted_peak_bytes")),
-         format_bytes(plan.get("measured_peak_bytes")) if measured else "not measured"),
-        ("step", _ms(_milliseconds(plan.get("predicted_step_s"))),
-         _ms(_milliseconds(plan.get("measured_step_s"))) if measured else ""),
-        (f"fits {format_bytes(budget)}", fits(plan.get("fits")), fits(plan.get("measured_fits"))),
-    ]  # fmt: skip
-    cell = "padding:0 .7em;text-align:right;white-space:nowrap"
-    head = (
-        f'<th style="{cell}"></th><th style="{cell}">predicted</th><th style="{cell}">measured</th>'
-    )
-    body = "".join(
-        f'<tr><th style="{cell};text-align:left">{esc(name)}</th>'
-        f'<td style="{cell}">{esc(a)}</td><td style="{cell}">{esc(b)}</td></tr>'
-        for name, a, b in rows
-    )
-    names = list(plan.get("checkpoint") or ())
-    what = [
-        f"checkpoint {len(names)} of {len(plan.get('blocks') or ())} blocks: {', '.join(names)}"
-        if names
-        else "checkpoint nothing",
-        f"precision {plan.get('precision') or 'as it is'}",
-        f"optimizer {plan.get('optimizer') or 'as it is'}",
-    ]
-    reasons = "".join(f"<li>{esc(str(line))}</li>" for line in plan.get("reasoning") or ())
-    table_style = "font-family:var(--jp-code-font-family,monospace);border-collapse:collapse"
-    return (
-        f'<div class="jp-gpumem-plan"><b>Plan</b>: {esc("; ".join(what))}'
-        f'<table style="{table_style}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        f"<details><summary>how it was chosen</summary><ul>{reasons}</ul></details>"
-        "<div>Press Apply to use exactly this plan.</div></div>"
-    )
-
-
-def _milliseconds(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000
-
-
 GPUS_BUTTON = "Will it fit on N GPUs?"
-
-
-def gpu_options(counts: Sequence[int]) -> list[tuple[str, int]]:
-    """The GPUs dropdown's choices: ``("1 GPU", 1), ("2 GPUs", 2), ...``."""
-    return [(f"{n} GPU" + ("s" if n > 1 else ""), n) for n in counts]
 
 
 def message_html(kind: str, text: str) -> str:
     """One escaped line of panel text, coloured by ``kind`` ("error", "warning" or "info")."""
     return f'<div style="color:{MESSAGE_COLORS.get(kind, "inherit")}">{html.escape(text)}</div>'
-
-
-class Panel:
-    """The tuner's widgets in their layout: ``children`` goes into the Tuner's VBox."""
-
-    def __init__(
-        self,
-        title_html: str,
-        modules: Sequence[tuple[str, str]],
-        blocks: Sequence[str],
-        optimizer: str,
-        *,
-        precision_now: str | None = None,
-        optimizer_now: str | None = None,
-    ) -> None:
-        self.modules = widgets.SelectMultiple(
-            options=list(modules),
-            rows=8,
-            description="checkpoint",
-            layout=widgets.Layout(width="34%"),
-        )
-        # a toggle per block beside its activations at the peak, in step with the list
-        self.block_bars = BlockBars(blocks, CATEGORY_COLORS["activations"])
-        self.block_bars.follow(self.modules)
-        self.all_blocks = widgets.Checkbox(
-            description=f"all {len(blocks)} blocks", disabled=not blocks, indent=False
-        )
-        self.every = widgets.BoundedIntText(value=1, min=1, max=10**6, description="every n-th")
-        self.regex = widgets.Text(description="or regex", placeholder=r"e.g. h\.\d+")
-        # The first choice is the model as it is, named by what it is (AS_IS is Config's None).
-        self.precision = widgets.Dropdown(
-            options=[(f"{precision_now or 'as is'} (as is)", AS_IS), *((p, p) for p in PRECISIONS)],
-            value=AS_IS,
-            description="precision",
-        )
-        now = f"{optimizer_now} (as is: {optimizer})" if optimizer_now else f"as is ({optimizer})"
-        self.optimizer = widgets.Dropdown(
-            options=[(now, AS_IS), *((o, o) for o in OPTIMIZERS)],
-            value=AS_IS,
-            description="optimizer",
-        )
-        # How many GPUs, and how the model is spread over them (ignored on one GPU).
-        self.gpus = widgets.Dropdown(
-            options=gpu_options(GPU_COUNTS),
-            value=1,
-            description="GPUs",
-            style={"description_width": "initial"},
-            layout=widgets.Layout(width="150px", margin="2px 0 2px 24px"),
-        )
-        self.strategy = widgets.Dropdown(
-            options=list(PARALLELS),
-            value=PARALLELS[0],
-            description="strategy",
-            disabled=True,
-            style={"description_width": "initial"},
-            layout=widgets.Layout(width="160px", margin="2px 0 2px 16px"),
-        )
-        self.gpus.observe(self._on_gpus, names="value")
-        self.budget = widgets.Text(
-            description="budget", placeholder="e.g. 12GiB", continuous_update=False
-        )
-        self.budget_error = widgets.HTML()
-        # What "Fit to budget" may change (with a trial, it plans and verifies).
-        self.fit_techniques = {
-            name: widgets.Checkbox(value=True, description=name, indent=False,
-                                   layout=widgets.Layout(width="auto"))
-            for name in ("checkpoint", "precision", "optimizer")
-        }  # fmt: skip
-        self.buttons = {
-            name: widgets.Button(description=name, button_style=style)
-            for name, style in (
-                ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"),
-                ("Fit to budget", "info"), (GPUS_BUTTON, "warning"),
-            )
-        }  # fmt: skip
-        self.buttons[GPUS_BUTTON].layout.width = "auto"  # its question whole
-        self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
-        self.status = widgets.Label("not measured yet")
-        self.messages = widgets.HTML()
-        self.table = widgets.HTML(rows_html([]))
-        self.fit_text = widgets.HTML()
-        self.breakdown, self.tradeoff = BreakdownChart(), TradeoffChart()
-        self.ranks = RankChart()  # empty until something ran or was estimated on GPUs
-        self.cell_output = widgets.Output()
-        self.children: list[widgets.Widget] = [
-            widgets.HTML(title_html),
-            widgets.HBox(
-                [
-                    self.modules,
-                    *([self.block_bars.widget] if blocks else []),
-                    widgets.VBox([self.all_blocks, self.every, self.regex]),
-                ]
-            ),
-            widgets.HBox([self.precision, self.optimizer, self.gpus, self.strategy]),
-            widgets.HBox(list(self.buttons.values())),
-            widgets.HBox(
-                [
-                    self.budget,
-                    widgets.Label("fit may change:"),
-                    *self.fit_techniques.values(),
-                    self.budget_error,
-                ]
-            ),
-            widgets.HBox([self.progress, self.status]),
-            self.messages,
-            self.table,
-            widgets.HBox([self.breakdown.widget, self.tradeoff.figure]),
-            self.ranks.widget,
-            self.fit_text,
-            widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
-        ]
-
-    def set_gpus(self, count: int) -> None:
-        """Select ``count`` GPUs, offering it first if the list lacks it."""
-        counts = [value for _, value in self.gpus.options]
-        if count not in counts:
-            self.gpus.options = gpu_options(sorted({*counts, count}))
-        self.gpus.value = count
-
-    def _on_gpus(self, change: dict[str, Any]) -> None:
-        self.strategy.disabled = change["new"] == 1
-
-    def say(self, kind: str, lines: Sequence[str]) -> None:
-        """Add lines to the message area."""
-        self.messages.value += "".join(message_html(kind, line) for line in lines)
-
-    def show(self, rows: Sequence[Row]) -> None:
-        """Redraw the table and the charts from ``rows``."""
-        self.table.value = rows_html(rows)
-        self.breakdown.update(rows)
-        self.tradeoff.update(rows)

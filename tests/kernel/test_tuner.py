@@ -20,9 +20,10 @@ from jupyter_gpumem.tuner.planning.plan import Plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.trial import Trial
 from jupyter_gpumem.units import SIZE_HELP, format_bytes
+from jupyter_gpumem.widgets.plan_view import plan_html
 from jupyter_gpumem.widgets.rank_chart import COLORS
-from jupyter_gpumem.widgets.tuner import FP16_HELP, NEEDS_TRIAL, Tuner, tune
-from jupyter_gpumem.widgets.tuner_charts import GPUS_BUTTON, plan_html, rows_html, rows_text
+from jupyter_gpumem.widgets.tuner import FP16_HELP, NEEDS_TRIAL, AsIs, Tuner, tune
+from jupyter_gpumem.widgets.tuner_charts import GPUS_BUTTON, rows_html, rows_text
 
 LOOP = (
     "%%gpumem --quiet\n"
@@ -216,10 +217,19 @@ def test_fit_picks_the_cheapest_fitting_configuration(
         _result("lion", 7_500, 0.101),  # fast but over budget
         _result("adam", None, None, status="oom"),
     ]
+    kept = tuner.fit(7_000)  # by default a fit keeps the optimizer: all of these change it
+    assert (kept.chosen, kept.fits) == (None, False) and tuner.config == Config()
+    shown = tuner.panel.fit_text.value
+    assert shown.startswith("<b>Fit to budget chose nothing: no measured configuration fits")
+    assert "Fit may not change the optimizer" in shown and "Left out: adafactor, sgd" in shown
+    tuner.panel.fit_techniques["optimizer"].value = True
     choice = tuner.fit(7_000)
     assert (choice.chosen, choice.fits) == ("sgd", True)
     assert tuner.config == Config(optimizer="sgd")  # shown in the panel, ready to apply
     assert "Chosen: sgd" in tuner.panel.fit_text.value
+    assert tuner.panel.fit_text.value.startswith(
+        "<b>Fit to budget chose: no checkpointing, precision kept (fp32); optimizer adamw → sgd</b>"
+    )
     assert [r["fits_budget"] for r in tuner.rows] == [False, True, True, False, None]
     tuner.panel.buttons["Fit to budget"].click()
     assert "Chosen: sgd" in tuner.panel.fit_text.value and tuner.panel.messages.value == ""
@@ -402,7 +412,10 @@ def test_block_bars_show_each_blocks_activations_and_drop_for_a_checkpointed_one
     assert after is not None
     assert bars.figures == {n: after.get(n, {}).get("activations", 0) for n in names}
     assert bars.figures["blocks.1"] < before["blocks.1"]["activations"]
-    assert _share(bars.bars["blocks.1"].value) < _share(bars.bars["blocks.0"].value)
+    # drawn as checkpointed (hatched, named), not as a bar of its few bytes
+    assert bars.checkpointed == {"blocks.1"} and "checkpointed" in bars.bars["blocks.1"].value
+    assert format_bytes(bars.figures["blocks.1"]) not in bars.bars["blocks.1"].value
+    assert max(_share(bars.bars[n].value) for n in names if n != "blocks.1") == 100.0
     assert "ckpt blocks.1" in bars.caption.value
 
     tuner.set(Config(checkpoint=("blocks.2", "head")))  # the list moves the toggles too
@@ -630,3 +643,130 @@ def test_will_it_fit_with_the_real_estimates_of_a_tiny_mlp_on_two_cpu_ranks(
     assert all(p.peak_bytes > 0 for p in est)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert not isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+# -- issue 40: what a new user sees on the CPU -------------------------------------------------
+
+
+def test_apply_and_revert_say_what_they_did_and_applied_follows(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    original = ns["opt"]
+    tuner = tune(ns["model"], "opt", shell=shell)
+    assert repr(tuner.applied) == "<Applied nothing on Net: the model as it is>"
+    assert tuner.applied.optimizer is original and tuner.applied.config == Config()
+    tuner.panel.buttons["Revert"].click()
+    assert tuner.panel.status.value == "nothing to revert: nothing is applied"
+    tuner.set(Config(checkpoint="blocks", optimizer="sgd"))
+    tuner.panel.buttons["Apply"].click()
+    assert tuner.panel.status.value == (
+        "applied ckpt blocks · sgd; opt now names a new SGD (Revert gives the original back)"
+    )
+    assert "(active)" in repr(tuner.applied) and tuner.applied.config.optimizer == "sgd"
+    tuner.panel.buttons["Revert"].click()
+    assert tuner.panel.status.value == (
+        "reverted ckpt blocks · sgd: the model is as it was; opt names its original optimizer again"
+    )
+    assert repr(tuner.applied) == "<Applied nothing on Net: the model as it is>"
+    assert tuner.applied.optimizer is ns["opt"] is original
+    assert not [n for n, m in ns["model"].named_modules() if "forward" in m.__dict__]
+    loss = ns["model"](ns["x"]).square().mean()  # the helpers still run a plain step
+    tuner.applied.backward(loss)
+    tuner.applied.step()
+    tuner.set(Config(precision="bf16"))
+    tuner.apply()
+    assert tuner.panel.status.value == "applied bf16"
+    tuner.revert()
+    assert tuner.panel.status.value == "reverted bf16: the model is as it was"
+    assert all(p.dtype == torch.float32 for p in ns["model"].parameters())
+
+
+def test_compare_on_the_cell_leaves_nothing_applied_when_nothing_was(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    _run_loop(shell)
+    tuner = tune(ns["model"], "opt", shell=shell)
+    tuner.compare([Config(optimizer="sgd")])
+    assert isinstance(tuner.applied, AsIs) and type(ns["opt"]) is torch.optim.AdamW
+
+
+def test_the_charts_wait_for_the_first_run_then_name_configurations_short(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns, budget="1MiB")
+    panel = tuner.panel
+    assert panel.charts.children == () and "appear after the first measurement" in (
+        panel.charts_note.value
+    )
+    two = Config(checkpoint=("blocks.0", "blocks.1"), optimizer="sgd-momentum")
+    tuner.compare([two, Config(checkpoint=("blocks.0", "blocks.2"))])
+    assert panel.charts.children == (panel.breakdown.widget, panel.tradeoff.figure)
+    assert panel.charts_note.value == ""
+    rows = tuner.rows
+    assert [r["configuration"] for r in rows] == [
+        "baseline", "ckpt blocks.0,blocks.1 · sgd-momentum", "ckpt blocks.0,blocks.2"
+    ]  # fmt: skip
+    short = ["baseline", "ckpt 2 blocks · sgd-momentum", "ckpt 2 blocks"]
+    assert [r["chart_label"] for r in rows] == short
+    assert list(panel.breakdown.bars.x) == short == list(panel.tradeoff.points.names)
+    assert "ckpt blocks.0,blocks.1 · sgd-momentum" in panel.breakdown.names.value
+    assert list(panel.breakdown.budget.x) == [1.0, 1.0]  # the budget, in MiB
+    assert "budget 1.00 MiB" in panel.breakdown.legend.value
+    tuner.panel.budget.value = ""
+    assert list(panel.breakdown.budget.x) == []
+
+
+def test_checkpoint_controls_offer_blocks_and_keep_single_layers_behind_more(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    panel = tuner.panel
+    offered = [v for _, v in panel.modules.options]
+    assert offered == [*(f"blocks.{i}" for i in range(4)), "blocks", *(
+        f"blocks.{i}.mlp" for i in range(4)
+    )]  # fmt: skip  # no Linear or GELU
+    assert panel.more.selected_index is None and list(panel.block_bars.toggles) == offered[:4]
+    tuner.set(Config(checkpoint=("blocks.1", "head")))  # a single layer, set from code
+    assert panel.single_layers.value and panel.more.selected_index == 0
+    assert tuner.config == Config(checkpoint=("blocks.1", "head"))
+
+
+def test_a_checkpoint_of_single_layers_says_so_in_its_row(
+    shell: InteractiveShell,
+) -> None:
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    shell.user_ns.update(model=mlp, opt=opt)
+    trial = Trial(mlp, torch.randn(64, 32), _loss, optimizer=opt, warmup=1, steps=1)
+    tuner = tune(mlp, "opt", trial=trial, shell=shell)
+    assert tuner.panel.all_blocks.description == "all 2 blocks"  # the two Linears
+    tuner.set(Config(checkpoint="blocks"))
+    with pytest.warns(UserWarning, match="found no repeated blocks"):
+        tuner.rerun()
+    base, ckpt = tuner.rows
+    assert ckpt["peak_bytes"] == base["peak_bytes"]
+    assert any("found no repeated blocks in this model" in w for w in ckpt["warnings"])
+    assert "found no repeated blocks in this model" in tuner.panel.table.value
+
+
+def test_fit_keeps_the_optimizer_and_says_what_it_chose_and_on_the_cpu_what_steps_mean(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    assert tuner.on_cpu and "compare configurations with each other only" in (
+        tuner.panel.steps_note.value
+    )
+    base, every = tuner.compare([Config(checkpoint="blocks")])
+    assert base.peak_allocated_bytes is not None and every.peak_allocated_bytes is not None
+    tuner.panel.fit_techniques["precision"].value = False  # keep the test short
+    plan = tuner.fit((base.peak_allocated_bytes + every.peak_allocated_bytes) // 2)
+    assert isinstance(plan, Plan) and plan.optimizer is None  # not ticked: kept
+    shown = tuner.panel.fit_text.value
+    first = re.search(r"<b>([^<]*)</b>", shown)
+    assert first is not None and first.group(1).startswith("Fit to budget chose: checkpoint ")
+    assert first.group(1).endswith("precision kept (fp32); optimizer kept (adamw)")
+    assert "Fit may not change the precision or the optimizer" in shown
+    assert "step times compare configurations with each other only" in shown
+    assert tuner.text().endswith("step times compare configurations with each other only, "
+                                 "not with how fast training runs.")  # fmt: skip

@@ -9,11 +9,13 @@ import pytest
 
 pytest.importorskip("bqplot")
 
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.widgets.chart_labels import WIDTH, chart_label, cut, numbered
+from jupyter_gpumem.widgets.plan_view import CPU_STEPS, choice_line, plan_html
 from jupyter_gpumem.widgets.tuner_charts import (
     CATEGORY_COLORS,
     BreakdownChart,
     TradeoffChart,
-    plan_html,
     rows_html,
     rows_text,
 )
@@ -82,7 +84,7 @@ def test_breakdown_legend_is_html_outside_the_plot_in_the_page_colour() -> None:
     chart = BreakdownChart()
     chart.update(ROWS)
     assert chart.bars.display_legend is False  # nothing drawn over the bars
-    assert list(chart.widget.children) == [chart.figure, chart.legend]
+    assert list(chart.widget.children) == [chart.figure, chart.legend, chart.names]
     legend = chart.legend.value
     assert "color:inherit" in legend
     for category in ("activations", "optimizer state", "temporary", "parameters", "gradients"):
@@ -126,8 +128,97 @@ def test_plan_shows_prediction_beside_measurement() -> None:
     assert cells[3:6] == ["peak", "11.0 GiB", "11.3 GiB"]
     assert cells[6:9] == ["step", "207 ms", "207 ms"]
     assert cells[9:12] == ["fits 12.0 GiB", "yes", "yes"]
-    assert "checkpoint 2 of 12 blocks: transformer.h.0, transformer.h.1" in page
-    assert "precision as it is; optimizer adamw-fused" in page
+    first = re.search(r"<b>([^<]*)</b>", page)
+    assert first is not None and first.group(1) == (
+        "Fit to budget chose: checkpoint h.0-h.1 (2 of 12 blocks), precision kept (as is); "
+        "optimizer yours → adamw-fused"
+    )
     assert "&lt;checkpoint&gt; 2 of 12 blocks &amp; more." in page and "<checkpoint>" not in page
     unmeasured = plan_html({**PLAN, "measured_peak_bytes": None, "measured_fits": None})
     assert "not measured" in unmeasured
+
+
+BLOCKS = [f"transformer.h.{i}" for i in range(12)]
+
+
+def test_chart_labels_are_short_and_never_cut_at_their_start() -> None:
+    two = Config(checkpoint=("transformer.h.0", "transformer.h.1"), optimizer="sgd-momentum")
+    assert str(two) == "ckpt transformer.h.0,transformer.h.1 · sgd-momentum"  # the table's
+    assert chart_label(two, BLOCKS) == "ckpt h.0-h.1 · sgd-momentum"
+    four = Config(checkpoint=tuple(BLOCKS[:4]), precision="bf16-autocast")
+    assert chart_label(four, BLOCKS) == "ckpt h.0-h.3 · bf16-autocast"
+    scattered = Config(checkpoint=tuple(BLOCKS[::2]), optimizer="sgd-momentum")
+    assert chart_label(scattered, BLOCKS) == "ckpt 6 blocks · sgd-momentum"
+    assert chart_label(Config(checkpoint=("transformer.wte",)), BLOCKS) == "ckpt transformer.wte"
+    assert chart_label(Config(checkpoint="blocks", every=2), BLOCKS) == "ckpt blocks every 2"
+    assert chart_label(Config()) == "baseline"
+    many = Config(checkpoint=tuple(BLOCKS), precision="bf16-autocast", optimizer="adamw-fused")
+    plan = chart_label(many, BLOCKS, "plan · ")
+    assert plan.startswith("plan · ckpt h.0-h.11") and plan.endswith("…") and len(plan) == WIDTH
+    assert cut("x" * 40).startswith("x" * 27) and cut("short") == "short"
+    assert numbered(["baseline", "sgd", "baseline"]) == ["baseline", "sgd", "baseline #2"]
+
+
+def test_breakdown_names_bars_by_chart_label_with_the_full_one_under_the_legend() -> None:
+    long_row = {**ROWS[1], "configuration": "ckpt transformer.h.0,transformer.h.1 · sgd-momentum",
+                "chart_label": "ckpt h.0-h.1 · sgd-momentum"}  # fmt: skip
+    unlabelled = {**ROWS[1], "configuration": "/transformer\\.h\\.[0-9]+\\.attn/ · lion-8bit"}
+    chart = BreakdownChart()
+    chart.update([ROWS[0], long_row, unlabelled])
+    assert list(chart.bars.x) == [
+        "baseline",
+        "ckpt h.0-h.1 · sgd-momentum",
+        "/transformer\\.h\\.[0-9]+\\.at…",  # cut at its end, never its start
+    ]
+    assert all(len(x) <= WIDTH for x in chart.bars.x)
+    assert chart.figure.fig_margin["left"] >= 7 * WIDTH <= 220  # the longest fits the margin
+    names = chart.names.value
+    assert "<b>ckpt h.0-h.1 · sgd-momentum</b>: ckpt transformer.h.0,transformer.h.1" in names
+    assert "baseline</b>" not in names  # shown whole: no need to spell it out
+    tradeoff = TradeoffChart()
+    tradeoff.update([ROWS[0], long_row])
+    assert list(tradeoff.points.names) == ["baseline", "ckpt h.0-h.1 · sgd-momentum"]
+
+
+def test_breakdown_draws_the_budget_as_a_dashed_line_inside_the_plot() -> None:
+    chart = BreakdownChart()
+    chart.update(ROWS)
+    assert list(chart.budget.x) == [] and "budget" not in chart.legend.value
+    chart.update(ROWS, 150 * MiB)  # beyond the longest bar: the scale reaches past it
+    assert list(chart.budget.x) == [150.0, 150.0] and list(chart.budget.y) == [0.0, 1.0]
+    assert chart.budget.scales["x"] is chart.y and chart.budget.line_style == "dashed"
+    assert chart.y.max is not None and 150.0 < chart.y.max <= 150.0 * 1.1
+    assert "budget 150 MiB" in chart.legend.value and "dashed" in chart.legend.value
+    chart.update(ROWS, 12 * MiB)
+    assert list(chart.budget.x) == [12.0, 12.0]
+    assert chart.y.max is not None and chart.y.max > 107.0  # the bars still fit
+    chart.update([], 12 * MiB)  # nothing to draw against
+    assert list(chart.budget.x) == []
+
+
+def test_fit_says_what_it_chose_and_what_it_kept_first() -> None:
+    config = Config(checkpoint=tuple(BLOCKS[:4]), precision="bf16-autocast")
+    assert choice_line(config, blocks=BLOCKS, precision_now="fp32", optimizer_now="adamw") == (
+        "Fit to budget chose: checkpoint h.0-h.3 (4 of 12 blocks), bf16-autocast; "
+        "optimizer kept (adamw)"
+    )
+    swap = Config(optimizer="sgd")
+    assert choice_line(swap, precision_now="fp32", optimizer_now="adamw") == (
+        "Fit to budget chose: no checkpointing, precision kept (fp32); optimizer adamw → sgd"
+    )
+    assert choice_line(None).startswith("Fit to budget chose nothing")
+    page = plan_html(
+        {**PLAN, "optimizer": None}, optimizer_now="adamw", allowed=("checkpoint", "precision")
+    )
+    assert "; optimizer kept (adamw)</b>" in page
+    assert "Fit may not change the optimizer" in page and "tick &#x27;optimizer&#x27;" in page
+
+
+def test_step_times_far_from_their_prediction_and_on_the_cpu_carry_a_caveat() -> None:
+    assert CPU_STEPS not in plan_html(PLAN) and "*" not in plan_html(PLAN)  # 207 ms both
+    far = plan_html({**PLAN, "predicted_step_s": 0.087, "measured_step_s": 1.25}, on_cpu=True)
+    cells = re.findall(r"<t[hd][^>]*>([^<]*)</t[hd]>", far)
+    assert cells[6:9] == ["step", "87.0 ms *", "1250 ms"]
+    assert "* The measured step took 14 times the predicted time (1250 ms against 87.0 ms)" in far
+    assert CPU_STEPS.replace("'", "&#x27;") in far
+    assert "step times compare configurations with each other only" in CPU_STEPS

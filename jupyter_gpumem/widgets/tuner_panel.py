@@ -1,0 +1,259 @@
+"""The technique tuner's form in its layout, without behaviour: `Tuner` wires it.
+
+Checkpointing offers the model's repeated blocks first: "all N blocks" and a toggle per block
+beside its activations at the peak. Everything else (other modules, every n-th, a regex) is
+behind the "more checkpoint choices" disclosure, open only for a model without repeated blocks;
+its module list leaves out single layers (a Linear, a Dropout, a LayerNorm: checkpointing one
+frees next to nothing) until "list single layers too" is ticked. Until a run has a breakdown,
+the charts are not drawn and a line says when they come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import ipywidgets as widgets
+
+from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS
+from jupyter_gpumem.widgets.block_bars import BlockBars
+from jupyter_gpumem.widgets.plan_view import CPU_STEPS
+from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
+from jupyter_gpumem.widgets.tuner_charts import (
+    AS_IS,
+    CATEGORY_COLORS,
+    GPUS_BUTTON,
+    BreakdownChart,
+    Row,
+    TradeoffChart,
+    message_html,
+    rows_html,
+)
+
+__all__ = ["CHARTS_LATER", "FIT_TECHNIQUES", "Module", "Panel", "gpu_options"]
+
+# What "Fit to budget" may change, and whether it may by default: the optimizer is the user's
+# training math, so a fit keeps it unless asked.
+FIT_TECHNIQUES = {"checkpoint": True, "precision": True, "optimizer": False}
+CHARTS_LATER = "The charts appear after the first measurement: press Re-run or Fit to budget."
+NO_BREAKDOWN = "No measurement has a breakdown to chart yet (see the notes in the table)."
+
+
+class Module(NamedTuple):
+    """A module the checkpoint list may offer."""
+
+    name: str
+    kind: str  # its class name
+    single: bool  # a single layer: no submodules
+
+
+def gpu_options(counts: Sequence[int]) -> list[tuple[str, int]]:
+    """The GPUs dropdown's choices: ``("1 GPU", 1), ("2 GPUs", 2), ...``."""
+    return [(f"{n} GPU" + ("s" if n > 1 else ""), n) for n in counts]
+
+
+def _muted(text: str) -> str:
+    return f'<div style="color:var(--jp-ui-font-color2,#616161)"><em>{text}</em></div>'
+
+
+class Panel:
+    """The tuner's widgets in their layout: ``children`` goes into the Tuner's VBox."""
+
+    def __init__(
+        self,
+        title_html: str,
+        modules: Sequence[Module],
+        blocks: Sequence[str],
+        optimizer: str,
+        *,
+        precision_now: str | None = None,
+        optimizer_now: str | None = None,
+        on_cpu: bool = False,
+    ) -> None:
+        self.blocks = tuple(blocks)
+        self._modules = {m.name: m for m in modules}
+        self.modules = widgets.SelectMultiple(
+            options=self._options(single=False),
+            rows=8,
+            description="modules",
+            layout=widgets.Layout(width="50%"),
+        )
+        # a toggle per block beside its activations at the peak, in step with the list
+        self.block_bars = BlockBars(blocks, CATEGORY_COLORS["activations"])
+        self.block_bars.follow(self.modules)
+        self.all_blocks = widgets.Checkbox(
+            description=f"all {len(blocks)} blocks", disabled=not blocks, indent=False
+        )
+        kinds = sorted({m.kind for m in modules if m.single and m.name not in self.blocks})
+        shown = ", ".join(kinds[:4]) + (", ..." if len(kinds) > 4 else "")
+        self.single_layers = widgets.Checkbox(
+            description=f"list single layers too ({shown})" if kinds else "list single layers too",
+            disabled=not kinds,
+            indent=False,
+            layout=widgets.Layout(width="auto"),
+        )
+        self.single_layers.observe(self._on_single_layers, names="value")
+        self.every = widgets.BoundedIntText(value=1, min=1, max=10**6, description="every n-th")
+        self.regex = widgets.Text(description="or regex", placeholder=r"e.g. h\.\d+")
+        self.more = widgets.Accordion(
+            children=[
+                widgets.HBox(
+                    [self.modules, widgets.VBox([self.single_layers, self.every, self.regex])]
+                )
+            ],
+            titles=("more checkpoint choices: other modules, every n-th, a regex",),
+            selected_index=None if blocks else 0,
+        )
+        # The first choice is the model as it is, named by what it is (AS_IS is Config's None).
+        self.precision = widgets.Dropdown(
+            options=[(f"{precision_now or 'as is'} (as is)", AS_IS), *((p, p) for p in PRECISIONS)],
+            value=AS_IS,
+            description="precision",
+        )
+        now = f"{optimizer_now} (as is: {optimizer})" if optimizer_now else f"as is ({optimizer})"
+        self.optimizer = widgets.Dropdown(
+            options=[(now, AS_IS), *((o, o) for o in OPTIMIZERS)],
+            value=AS_IS,
+            description="optimizer",
+        )
+        # How many GPUs, and how the model is spread over them (ignored on one GPU).
+        self.gpus = widgets.Dropdown(
+            options=gpu_options(GPU_COUNTS),
+            value=1,
+            description="GPUs",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="150px", margin="2px 0 2px 24px"),
+        )
+        self.strategy = widgets.Dropdown(
+            options=list(PARALLELS),
+            value=PARALLELS[0],
+            description="strategy",
+            disabled=True,
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="160px", margin="2px 0 2px 16px"),
+        )
+        self.gpus.observe(self._on_gpus, names="value")
+        self.budget = widgets.Text(
+            description="budget", placeholder="e.g. 12GiB", continuous_update=False
+        )
+        self.budget_error = widgets.HTML()
+        # What "Fit to budget" may change (with a trial, it plans and verifies).
+        self.fit_techniques = {
+            name: widgets.Checkbox(value=default, description=name, indent=False,
+                                   layout=widgets.Layout(width="auto"))
+            for name, default in FIT_TECHNIQUES.items()
+        }  # fmt: skip
+        self.buttons = {
+            name: widgets.Button(description=name, button_style=style)
+            for name, style in (
+                ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"),
+                ("Fit to budget", "info"), (GPUS_BUTTON, "warning"),
+            )
+        }  # fmt: skip
+        self.buttons[GPUS_BUTTON].layout.width = "auto"  # its question whole
+        self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
+        self.status = widgets.Label("not measured yet")
+        self.messages = widgets.HTML()
+        self.table = widgets.HTML(rows_html([]))
+        # a standing note under the table: CPU step times carry the tracker's cost
+        self.steps_note = widgets.HTML(_muted(CPU_STEPS) if on_cpu else "")
+        self.fit_text = widgets.HTML()
+        self.breakdown, self.tradeoff = BreakdownChart(), TradeoffChart()
+        self.charts = widgets.HBox()  # empty until a run has something to draw
+        self.charts_note = widgets.HTML(_muted(CHARTS_LATER))
+        self.ranks = RankChart()  # empty until something ran or was estimated on GPUs
+        self.cell_output = widgets.Output()
+        checkpoint = (
+            widgets.HBox(
+                [
+                    widgets.VBox(
+                        [widgets.HTML("<b>checkpoint</b>"), self.all_blocks],
+                        layout=widgets.Layout(width="9em"),
+                    ),
+                    self.block_bars.widget,
+                ]
+            )
+            if blocks
+            else widgets.HTML(
+                "<b>checkpoint</b>: the model has no repeated blocks; pick modules below."
+            )
+        )
+        self.children: list[widgets.Widget] = [
+            widgets.HTML(title_html),
+            checkpoint,
+            self.more,
+            widgets.HBox([self.precision, self.optimizer, self.gpus, self.strategy]),
+            widgets.HBox(list(self.buttons.values())),
+            widgets.HBox(
+                [
+                    self.budget,
+                    widgets.Label("fit may change:"),
+                    *self.fit_techniques.values(),
+                    self.budget_error,
+                ]
+            ),
+            widgets.HBox([self.progress, self.status]),
+            self.messages,
+            self.fit_text,
+            self.table,
+            self.steps_note,
+            self.charts_note,
+            self.charts,
+            self.ranks.widget,
+            widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
+        ]
+
+    def _options(self, *, single: bool) -> list[tuple[str, str]]:
+        """The module list's choices: the blocks first, then the other modules (single layers
+        only when ``single``)."""
+        names: Iterable[str] = [
+            *self.blocks,
+            *(
+                n
+                for n, m in self._modules.items()
+                if n not in self.blocks and (single or not m.single)
+            ),
+        ]
+        return [(f"{n}  ({self._modules[n].kind})", n) for n in names if n in self._modules]
+
+    def _on_single_layers(self, change: dict[str, Any]) -> None:
+        picked = self.modules.value
+        options = self._options(single=change["new"])
+        self.modules.options = options  # which empties the selection: put it back
+        offered = {value for _, value in options}
+        self.modules.value = tuple(n for n in picked if n in offered)
+
+    def show_modules(self, names: Sequence[str]) -> None:
+        """Make sure the list offers ``names`` (single layers too if one of them is one), and
+        open "more" where the blocks' toggles cannot show them."""
+        if any(self._modules[n].single and n not in self.blocks for n in names):
+            self.single_layers.value = True
+        if any(n not in self.blocks for n in names):
+            self.more.selected_index = 0
+
+    def set_gpus(self, count: int) -> None:
+        """Select ``count`` GPUs, offering it first if the list lacks it."""
+        counts = [value for _, value in self.gpus.options]
+        if count not in counts:
+            self.gpus.options = gpu_options(sorted({*counts, count}))
+        self.gpus.value = count
+
+    def _on_gpus(self, change: dict[str, Any]) -> None:
+        self.strategy.disabled = change["new"] == 1
+
+    def say(self, kind: str, lines: Sequence[str]) -> None:
+        """Add lines to the message area."""
+        self.messages.value += "".join(message_html(kind, line) for line in lines)
+
+    def show(self, rows: Sequence[Row], budget_bytes: int | None = None) -> None:
+        """Redraw the table and the charts from ``rows``; the charts only once they have data."""
+        self.table.value = rows_html(rows)
+        self.breakdown.update(rows, budget_bytes)
+        self.tradeoff.update(rows)
+        drawn = [
+            *([self.breakdown.widget] if list(self.breakdown.bars.x) else []),
+            *([self.tradeoff.figure] if list(self.tradeoff.points.x) else []),
+        ]
+        if tuple(drawn) != tuple(self.charts.children):
+            self.charts.children = drawn
+        self.charts_note.value = "" if drawn else _muted(NO_BREAKDOWN if rows else CHARTS_LATER)
