@@ -2,9 +2,10 @@
  * UI test of the technique tuner panel (`jupyter_gpumem.tune`) against a running kernel:
  * notebooks/tuner.ipynb builds a tiny GPT-like model on the CPU with an fp32 AdamW optimizer
  * named `opt` and shows the panel; the test measures three configurations through the
- * panel's own controls, then checks in the DOM what the eye would: the dropdowns name the
- * model as it is, no chart text or point is cut at a figure's edge, the bar chart's legend
- * stays off the bars, and the table's numbers keep to one line. Screenshots of the panel in
+ * panel's own controls, then checks in the DOM what the eye would: no axes before the first
+ * run (a line says when the charts come), the dropdowns name the model as it is, no chart
+ * text, point or budget line is cut at a figure's edge, the bar chart's legend stays off the
+ * bars, and the table's numbers keep to one line. Screenshots of the panel in
  * the light and dark themes go through screenshotPath().
  *
  * The second test (notebooks/gpus.ipynb: the same model with a 5 MiB budget) presses
@@ -150,7 +151,9 @@ async function openTuner(
   await expect(panel).toContainText('TinyGPT, 198,400 parameters, optimizer variable opt', {
     timeout: 60000
   });
-  await expect(panel.locator('.bqplot.figure')).toHaveCount(2);
+  // No empty axes before the first run: a line says when the charts come.
+  await expect(panel.locator('.bqplot.figure')).toHaveCount(0);
+  await expect(panel).toContainText('The charts appear after the first measurement');
   await expect(panel).toContainText('not measured yet');
   return panel;
 }
@@ -199,8 +202,11 @@ test('the tuner panel measures configurations and shows them unclipped, light an
 
   const breakdown = panel.locator('.bqplot.figure', { hasText: 'breakdown at the peak' });
   const tradeoff = panel.locator('.bqplot.figure', { hasText: 'memory saved vs step-time cost' });
-  // A stacked bar per configuration, a named point per configuration.
+  // A stacked bar per configuration, a named point per configuration, the budget's line.
+  await expect(panel.locator('.bqplot.figure')).toHaveCount(2);
+  await expect(panel).not.toContainText('The charts appear after the first measurement');
   await expect(breakdown.locator('g.bargroup')).toHaveCount(3);
+  await expect(breakdown.locator('path.line')).toHaveCount(1);
   await expect(tradeoff.locator('path.dot')).toHaveCount(3);
   await expect(tradeoff.locator('text.dot_text')).toHaveText([
     'baseline',
@@ -211,6 +217,7 @@ test('the tuner panel measures configurations and shows them unclipped, light an
   await breakdown.scrollIntoViewIfNeeded();
   await expect(async () => {
     expect(await clipped(breakdown, 'rect.bar')).toEqual([]);
+    expect(await clipped(breakdown, 'path.line')).toEqual([]);
     expect(await clipped(tradeoff, 'path.dot')).toEqual([]);
     expect(await clipped(tradeoff, 'text.dot_text')).toEqual([]);
   }).toPass({ timeout: 10000 });
@@ -220,6 +227,7 @@ test('the tuner panel measures configurations and shows them unclipped, light an
   const legend = panel.locator('.jp-gpumem-legend');
   await expect(legend).toContainText('parameters');
   await expect(legend).toContainText('activations');
+  await expect(legend).toContainText('budget 5.00 MiB');
   const legendBox = (await legend.boundingBox())!;
   const figureBox = (await breakdown.locator('svg.svg-figure').boundingBox())!;
   expect(legendBox.y).toBeGreaterThanOrEqual(figureBox.y + figureBox.height - 1);
