@@ -514,7 +514,7 @@ def _during(marks: Sequence[PhaseMark], ev: TraceEvent) -> str | None:
 
 
 def source_line(ev: TraceEvent, cell: tuple[str, int] | None) -> str | None:
-    """The cell line (as the editor numbers it), else the innermost frame outside torch.
+    """The cell line (as the cell's traceback numbers it: from the body's first line that is not blank), else the innermost frame outside torch.
 
     A frame in another notebook cell (a function a worker process runs, defined earlier)
     reads "cell [N] line L" where IPython's file name gives the cell's number.

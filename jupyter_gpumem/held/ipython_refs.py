@@ -194,8 +194,8 @@ def check_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> Le
         if graphs.exhausted:
             notes += _scan(shell).once(
                 "graphs",
-                f"leak hints: the autograd graphs the namespace keeps have over {GRAPH_BUDGET:,} "
-                "nodes and saved tensors; the graph hint counts those walked",
+                "leak hints: the autograd graphs your variables keep are too large to check "
+                "whole; the hint about them counts the part that was checked",
             )
             break
     graph_keys = {k for k in graphs.storages if not view.holds(k)}
@@ -233,8 +233,8 @@ def check_leaks(shell: Any, *, device: object = None, cycles: bool = True) -> Le
     if truncated[0]:
         notes += _scan(shell).once(
             "holders",
-            f"leak hints: IPython's output cache and traceback hold over {HOLDER_BUDGET:,} "
-            "objects; the hints count those walked",
+            "leak hints: IPython's output cache and last traceback are too large to check "
+            "whole; the hints count the part that was checked",
         )
     if cycles:
         garbage, count = _cycles(torch)

@@ -206,20 +206,23 @@ class NamespaceScan:
                 if n >= SAY_SAMPLED and key not in self._said:
                     self._said.add(key)
                     notes.append(
-                        f"leak hints: {where} ({n:,} items) was judged by a sample of its "
-                        "items, which hold no tensor, and not walked"
+                        f"leak hints: {where} ({n:,} items) was checked by a sample of its "
+                        "items, which hold no tensor"
                     )
             partial = s.done > 0 and s.done < s.fingerprint[2]
             for kind, fact in (
-                ("partial", f"it is walked over the next cells ({s.done:,} items so far)"),
-                ("cut", "hints may count tensors it holds beyond that"),
+                (
+                    "partial",
+                    "it is checked a part per cell, so a hint about it may come a few "
+                    f"cells later ({s.done:,} items checked so far)",
+                ),
+                ("cut", "a hint may miss tensors held deep inside it"),
             ):
                 key = (name, kind, s.fingerprint[0])
                 if (partial if kind == "partial" else s.cut) and key not in self._said:
                     self._said.add(key)
                     notes.append(
-                        f"leak hints: {name} holds more than one cell's budget of "
-                        f"{self.budget:,} objects; {fact}"
+                        f"leak hints: {name} is too large to check whole in one cell; {fact}"
                     )
         return tuple(notes)
 

@@ -41,6 +41,14 @@ __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "un
 
 LINE_COMMANDS = ("status", "history", "monitor", "free")
 LINE_USAGE = "%gpumem [status | history | free | monitor [--interval SECONDS] [--device N ...]]"
+LINE_HELP = f"""usage: {LINE_USAGE}
+
+  status    the extension's state: devices, recording, reports kept
+  history   this kernel's %%gpumem reports, one row each
+  free      release the tensors IPython holds (output cache, last traceback)
+  monitor   live GPU gauges (for front ends without the sidebar)
+
+%%gpumem --help shows the cell magic's options."""
 
 
 @magics_class
@@ -145,6 +153,8 @@ class GpuMemMagics(Magics):
     def _line(self, line: str) -> Any:
         words = split_words(line, LINE_USAGE)
         command, args = (words[0], words[1:]) if words else ("status", [])
+        if command in ("-h", "--help"):
+            raise UsageError(f"help for %gpumem\n\n{LINE_HELP}")
         if command == "monitor":
             return _monitor(args)
         if command not in LINE_COMMANDS:

@@ -147,3 +147,13 @@ def test_monitor_bad_arguments_say_what_is_allowed(shell: InteractiveShell, line
         UsageError, match=re.escape("%gpumem monitor [--interval SECONDS (>= 0.25)]")
     ):
         shell.run_line_magic("gpumem", line)
+
+
+def test_the_line_magic_shows_its_help(shell: InteractiveShell) -> None:
+    from IPython.core.error import UsageError
+
+    for flag in ("--help", "-h"):
+        with pytest.raises(
+            UsageError, match=r"(?s)^help for %gpumem\n\nusage: %gpumem \[status.*monitor   live"
+        ):
+            shell.run_line_magic("gpumem", flag)
