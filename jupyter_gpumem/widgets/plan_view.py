@@ -14,12 +14,12 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.planning.reasoning import FAR_OFF
 from jupyter_gpumem.units import format_bytes
 from jupyter_gpumem.widgets.chart_labels import short_names
 
 __all__ = ["CPU_STEPS", "FAR_OFF", "choice_line", "kept_line", "plan_html", "step_caveats"]
 
-FAR_OFF = 2.0  # a measured step this many times the predicted one (or 1/FAR_OFF of it) is far off
 CPU_STEPS = (
     "On the CPU, every measured step includes the memory tracker's cost (it records each "
     "tensor allocation), so step times compare configurations with each other only, not with "

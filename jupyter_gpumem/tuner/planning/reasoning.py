@@ -278,14 +278,25 @@ def choice_lines(
     return lines
 
 
+FAR_OFF = 2.0  # a measured step this many times the predicted one (or a 1/FAR_OFF of it)
+
+
 def verified_line(
     r: TrialResult, fits: bool | None, predicted_peak: int | None, predicted_step: float | None
 ) -> str:
-    """The sentence that closes a verified plan's reasoning."""
+    """The sentence that closes a verified plan's reasoning; where the measured step time is
+    far from the predicted one, a second sentence says so."""
     if r.status != "ok":
         return f"Verified by a measured run: it {why(r)}."
-    return (
+    line = (
         f"Verified by a measured run: peak {format_bytes(r.peak_allocated_bytes)} (predicted "
         f"{format_bytes(predicted_peak)}), {format_seconds(r.step_s)} a step "
         f"(predicted {format_seconds(predicted_step)}); it {'fits' if fits else 'does not fit'} the budget."
     )
+    if r.step_s and predicted_step and not 1 / FAR_OFF < r.step_s / predicted_step < FAR_OFF:
+        line += (
+            f" The measured step time is {r.step_s / predicted_step:.2g} times the predicted "
+            "one: the prediction comes from shorter runs and a model of the recomputation, so "
+            "trust the measurement (on the CPU, steps also carry the tracker's cost)."
+        )
+    return line
