@@ -158,7 +158,7 @@ def test_a_failing_rank_is_named_and_the_others_stopped() -> None:
         ({"parallel": "ddp", "world_size": True}, "whole number from 1 to 1024"),
         ({"parallel": "ddp", "world_size": 10**9}, "from 1 to 1024, got 1000000000$"),
         ({"parallel": "ddp", "world_size": 10**5000}, "got a huge number$"),
-        ({"parallel": "x" * 10_000, "world_size": 2}, "^unknown parallel strategy 'x{38}; choose"),
+        ({"parallel": "x" * 10_000, "world_size": 2}, "^unknown parallel strategy 'x{39}; choose"),
     ],
 )
 def test_bad_parallel_settings_say_what_is_allowed(settings: dict, message: str) -> None:
