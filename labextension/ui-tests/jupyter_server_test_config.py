@@ -2,7 +2,9 @@
 
 Runs JupyterLab on the NVML stand-in of ``tests/support/nvml_fake.py``: two GPUs, one with
 a MIG instance, a process per running kernel (so the active notebook's row is highlighted)
-and a process whose command is an HTML injection attempt that must show as literal text.
+and two other processes. Every figure is one a user could see (the screenshots taken on it
+are committed); gpumem.spec.ts adds a process whose command is an HTML injection attempt to
+the samples itself, in the test that checks it shows as literal text.
 
 With ``JUPYTER_GPUMEM_UI_NVML_ERROR`` set to a failure of the stand-in (a key of
 ``tests.support.nvml_fake.ERROR_CODES``, e.g. ``library_not_found``), NVML fails to start
@@ -53,8 +55,6 @@ c.LabServerApp.extra_labextensions_path = [  # noqa: F821
     c.LabServerApp.extra_labextensions_path,  # noqa: F821 (galata's test helpers)
 ]
 
-XSS_COMMAND = "<img src=x onerror=alert(1)>"
-
 c.GpuMem.backend_class = "tests.support.nvml_fake.FakeNvmlBackend"  # noqa: F821
 c.GpuMem.interval_s = 0.5  # noqa: F821
 c.GpuMem.fake_spec = {  # noqa: F821
@@ -68,14 +68,20 @@ c.GpuMem.fake_spec = {  # noqa: F821
             "utilization_percent": 87,
             "temperature_c": 54,
             "power_w": 412.61,
+            # 31 GiB in use: each kernel holds 22 GiB, what the last report of gpumem.spec.ts's
+            # notebook says its process held after the cell (a training step at batch 48).
             "processes": [
-                {"pid": "kernels", "memory_bytes": 12 * GiB},
+                {"pid": "kernels", "memory_bytes": 22 * GiB},
                 {
                     "pid": 48211,
                     "command": "python train.py --config gpt2.yaml",
-                    "memory_bytes": 18 * GiB,
+                    "memory_bytes": 8 * GiB,
                 },
-                {"pid": 4242, "command": XSS_COMMAND, "memory_bytes": 1 * GiB},
+                {
+                    "pid": 50377,
+                    "command": "python evaluate.py --checkpoint runs/gpt2/last.pt",
+                    "memory_bytes": 1 * GiB,
+                },
             ],
         },
         # The MIG-partitioned A100 of the stand-in's default spec.
