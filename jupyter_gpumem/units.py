@@ -7,6 +7,7 @@ these functions are used only at the edges (options, text, HTML).
 from __future__ import annotations
 
 import re
+import reprlib
 
 _UNITS = {
     "": 1,
@@ -62,3 +63,25 @@ def format_seconds(s: float | None) -> str:
         return f"{s:.2f} s"
     minutes, seconds = divmod(round(s), 60)
     return f"{minutes} min {seconds:02d} s"
+
+
+ECHO_CHARS = 40  # of a value an error message quotes: a message never grows with its input
+_ECHO = reprlib.Repr()  # bounds the work too: long strings and lists are cut before repr
+_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = ECHO_CHARS
+
+
+def echoed(value: object) -> str:
+    """``value`` as an error message quotes it: its repr, cut to 40 characters."""
+    try:
+        text = _ECHO.repr(value)
+    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
+        digits = (
+            f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""
+        )
+        text = f"<{digits}{type(value).__name__} too long to show>"
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
+
+
+def echoed_kind(value: object) -> str:
+    """``value``'s type and :func:`echoed` repr, as a message says what it got."""
+    return f"{type(value).__name__[:ECHO_CHARS]} {echoed(value)}"

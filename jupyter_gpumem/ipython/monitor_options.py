@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import reprlib
 from dataclasses import dataclass
 from typing import NoReturn
 
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S
+from jupyter_gpumem.units import echoed
 
 # The sampler waits this long between reads; longer is no live gauge (widgets.monitor agrees).
 MAX_INTERVAL_S = 3600.0
@@ -37,7 +37,7 @@ def parse_monitor(words: list[str]) -> MonitorOptions:
     it = iter(words)
     for word in it:
         if word not in ("--interval", "--device"):
-            _refuse(f"the options are --interval and --device, got {_shown(word)}")
+            _refuse(f"the options are --interval and --device, got {echoed(word)}")
         value = next(it, None)
         if value is None:
             _refuse(
@@ -60,7 +60,7 @@ def _interval(value: str) -> float:
     except ValueError:
         seconds = math.nan
     if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # NaN and infinities fail too
-        _refuse(f"--interval takes {INTERVAL_HELP}, got {_shown(value)}")
+        _refuse(f"--interval takes {INTERVAL_HELP}, got {echoed(value)}")
     return seconds
 
 
@@ -68,19 +68,9 @@ def _device(value: str) -> int:
     digits = value.isascii() and value.isdigit() and len(value) < 10  # no sign, no "1e3"
     index = int(value) if digits else -1
     if index < 0:
-        _refuse(f"--device takes {DEVICE_HELP}, got {_shown(value)}")
+        _refuse(f"--device takes {DEVICE_HELP}, got {echoed(value)}")
     return index
 
 
 def _refuse(problem: str) -> NoReturn:
     raise UsageError(f"%gpumem monitor: {problem}\n{MONITOR_USAGE}")
-
-
-_ECHO = reprlib.Repr()
-_ECHO.maxstring = 40
-
-
-def _shown(value: str) -> str:
-    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
-    text = _ECHO.repr(value)
-    return text if len(text) <= 40 else text[:39] + "…"

@@ -86,7 +86,9 @@ def check_parallel(parallel: object, world_size: object) -> str | None:
         or not 1 <= world_size <= MAX_WORLD_SIZE
     ):
         huge = isinstance(world_size, int) and abs(world_size) >= 10**40
-        raise ValueError(f"{WORLD_SIZES_HELP}, got {'a huge number' if huge else repr(world_size)[:40]}")
+        raise ValueError(
+            f"{WORLD_SIZES_HELP}, got {'a huge number' if huge else repr(world_size)[:40]}"
+        )
     if parallel is None and world_size != 1:
         raise ValueError(
             f"world_size={world_size} needs a strategy: parallel='ddp' or parallel='fsdp2'"

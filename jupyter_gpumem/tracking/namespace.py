@@ -8,7 +8,6 @@ telling us about them. Objects passed to :func:`jupyter_gpumem.track` are read t
 from __future__ import annotations
 
 import itertools
-import reprlib
 import sys
 import weakref
 from collections.abc import Iterator, Mapping
@@ -18,6 +17,7 @@ from jupyter_gpumem.records import NamedStorage
 from jupyter_gpumem.tracking import kept_names
 from jupyter_gpumem.tracking.held_state import HELD
 from jupyter_gpumem.tracking.kept_names import Source, Structure
+from jupyter_gpumem.units import echoed_kind
 
 MAX_CONTAINER_ITEMS = 256
 
@@ -35,14 +35,14 @@ def track(obj: Any, name: str | None = None) -> Any:
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(
-            f"track() takes a name that is a string (or None for tracked[N]), got {_kind(name)}"
+            f"track() takes a name that is a string (or None for tracked[N]), got {echoed_kind(name)}"
         )
     try:
         weakref.ref(obj)
     except TypeError:
         raise TypeError(
             "track() needs an object that supports weak references (a module, an optimizer "
-            f"or a tensor), got {_kind(obj)}"
+            f"or a tensor), got {echoed_kind(obj)}"
         ) from None
     label = name or _free_label()
     _TRACKED[label] = obj
@@ -54,28 +54,6 @@ def _free_label() -> str:
         label = f"tracked[{next(_NUMBERS)}]"
         if label not in _TRACKED:  # a user may have chosen it as a name
             return label
-
-
-_ECHO = reprlib.Repr()
-_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
-
-
-def _kind(value: Any) -> str:
-    """``value`` as an error message may echo it: its type and repr, each cut to 40 characters."""
-    return f"{type(value).__name__[:40]} {_shown(value)}"
-
-
-def _shown(value: Any) -> str:
-    """``value``'s repr, cut to 40 characters (the first ones of a long string)."""
-    try:
-        text = _ECHO.repr(value)
-    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
-        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _digits(value: Any) -> str:
-    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""
 
 
 def roots(user_ns: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:

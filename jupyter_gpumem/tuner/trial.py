@@ -21,6 +21,7 @@ from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
 from jupyter_gpumem.tuner.workload import LossFn, Workload, checked_workload
+from jupyter_gpumem.units import echoed_kind
 
 
 class Trial:
@@ -78,7 +79,9 @@ class Trial:
     def run(self, config: Config) -> TrialResult:
         """Measure one configuration; the model and optimizer come back unchanged."""
         if not isinstance(config, Config):
-            raise TypeError(f"run takes a Config, e.g. Config(precision='bf16'); got {_shown(config)}")
+            raise TypeError(
+                f"run takes a Config, e.g. Config(precision='bf16'); got {echoed_kind(config)}"
+            )
         workload = self.workload
         with self._runner.preserved(workload):
             return self._with_estimate(self._runner.fresh_run(workload, config))
@@ -88,7 +91,7 @@ class Trial:
         if isinstance(configs, (str, Config)) or not all(isinstance(c, Config) for c in configs):
             raise TypeError(
                 "compare takes a list of Config, e.g. [Config(precision='bf16')]; got "
-                f"{_shown(configs)}"
+                f"{echoed_kind(configs)}"
             )
         baseline = Config()
         ordered = [baseline, *(c for c in dict.fromkeys(configs) if c != baseline)]
@@ -150,9 +153,3 @@ class Trial:
         by_rank = {e.rank: e for e in estimate.ranks}
         ranks = tuple(replace(r, estimate=by_rank.get(r.rank)) for r in result.ranks)
         return replace(result, estimate=estimate, ranks=ranks)
-
-
-def _shown(value: object) -> str:
-    """A wrong argument in a message: its type and the start of its repr."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "a huge int"
-    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

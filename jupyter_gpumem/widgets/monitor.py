@@ -21,7 +21,6 @@ import html
 import logging
 import operator
 import os
-import reprlib
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -33,7 +32,7 @@ from bqplot import Figure, LinearScale, Lines
 from jupyter_gpumem.nvml.library import NvmlBackend
 from jupyter_gpumem.nvml.readings import DeviceRecord, Sample
 from jupyter_gpumem.nvml.sampler import MIN_INTERVAL_S, Backend, Sampler, check_interval
-from jupyter_gpumem.units import format_bytes
+from jupyter_gpumem.units import echoed, format_bytes
 
 __all__ = ["GpuMonitor", "show"]
 
@@ -146,7 +145,7 @@ class GpuMonitor(widgets.VBox):
             return set(known)
         unknown = sorted(set(devices) - set(known))
         if unknown:
-            raise ValueError(f"no device {_shown(unknown)} here; devices are {known or 'none'}")
+            raise ValueError(f"no device {echoed(unknown)} here; devices are {known or 'none'}")
         return set(devices)
 
     @property
@@ -201,9 +200,9 @@ def show(
 def _seconds(name: str, value: Any, low: float, high: float) -> float:
     allowed = f"{name} takes seconds from {low:g} to {high:g}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{allowed}, got {type(value).__name__} {_shown(value)}")
+        raise TypeError(f"{allowed}, got {type(value).__name__} {echoed(value)}")
     if not low <= value <= high:  # NaN fails too
-        raise ValueError(f"{allowed}, got {_shown(value)}")
+        raise ValueError(f"{allowed}, got {echoed(value)}")
     return float(value)
 
 
@@ -212,30 +211,13 @@ def _devices(devices: Any) -> tuple[int, ...] | None:
     if devices is None:
         return None
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
-        raise TypeError(f"{allowed}; got {type(devices).__name__} {_shown(devices)}")
+        raise TypeError(f"{allowed}; got {type(devices).__name__} {echoed(devices)}")
     indices: list[int] = []
     for d in devices:
         if isinstance(d, bool) or not hasattr(type(d), "__index__"):
-            raise TypeError(f"{allowed}; got {type(d).__name__} {_shown(d)} among them")
+            raise TypeError(f"{allowed}; got {type(d).__name__} {echoed(d)} among them")
         index = operator.index(d)
         if index < 0:
-            raise ValueError(f"{allowed}; got {_shown(index)} among them")
+            raise ValueError(f"{allowed}; got {echoed(index)} among them")
         indices.append(index)
     return tuple(indices)
-
-
-_ECHO = reprlib.Repr()
-_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
-
-
-def _shown(value: Any) -> str:
-    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
-    try:
-        text = _ECHO.repr(value)
-    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
-        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _digits(value: Any) -> str:
-    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import reprlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -71,7 +70,7 @@ from jupyter_gpumem.tuner.planning.fit import FitChoice, fit_to_budget
 from jupyter_gpumem.tuner.planning.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.results import TrialResult, cell_result
 from jupyter_gpumem.tuner.trial import Trial
-from jupyter_gpumem.units import SIZE_HELP, parse_size
+from jupyter_gpumem.units import SIZE_HELP, echoed_kind, parse_size
 from jupyter_gpumem.widgets.chart_labels import chart_label
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS, choice_line, kept_line, plan_html
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
@@ -659,51 +658,29 @@ def _check_tune(model: Any, optimizer: Any, trial: Any, budget: Any, shell: Any)
     import torch  # the techniques have imported it
 
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"tune() takes the torch.nn.Module to tune, got {_kind(model)}")
+        raise TypeError(f"tune() takes the torch.nn.Module to tune, got {echoed_kind(model)}")
     name = "optimizer is the NAME of your optimizer variable, e.g. tune(model, 'opt')"
     if not isinstance(optimizer, str):
-        raise TypeError(f"{name}; got {_kind(optimizer)}")
+        raise TypeError(f"{name}; got {echoed_kind(optimizer)}")
     if not optimizer.isidentifier():
-        raise ValueError(f"{name}; got {_kind(optimizer)}")
+        raise ValueError(f"{name}; got {echoed_kind(optimizer)}")
     if trial is not None and not isinstance(trial, Trial):
         raise TypeError(
             "trial takes a jupyter_gpumem.Trial, e.g. trial=Trial(model, batch, loss_fn), or "
-            f"None; got {_kind(trial)}"
+            f"None; got {echoed_kind(trial)}"
         )
     sizes = f"budget takes {SIZE_HELP}, a number of bytes above 0, or None"
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (str, int))):
-        raise TypeError(f"{sizes}; got {_kind(budget)}")
+        raise TypeError(f"{sizes}; got {echoed_kind(budget)}")
     try:
         if isinstance(budget, int) and budget <= 0:
             raise ValueError
         if isinstance(budget, str) and budget.strip():
             parse_size(budget)
     except ValueError:
-        raise ValueError(f"{sizes}; got {_kind(budget)}") from None
+        raise ValueError(f"{sizes}; got {echoed_kind(budget)}") from None
     if shell is not None and not isinstance(getattr(shell, "user_ns", None), Mapping):
         raise TypeError(
             f"shell takes an IPython shell (get_ipython()), or None for this kernel's; got "
-            f"{_kind(shell)}"
+            f"{echoed_kind(shell)}"
         )
-
-
-_ECHO = reprlib.Repr()
-_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = 40
-
-
-def _kind(value: Any) -> str:
-    """``value`` as an error message may echo it: its type and repr, each cut to 40 characters."""
-    return f"{type(value).__name__[:40]} {_shown(value)}"
-
-
-def _shown(value: Any) -> str:
-    """``value``'s repr, cut to 40 characters (the first ones of a long string)."""
-    try:
-        text = _ECHO.repr(value)
-    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
-        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _digits(value: Any) -> str:
-    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import reprlib
 import shutil
 import signal
 import sys
@@ -40,6 +39,7 @@ from jupyter_gpumem.tracking.ranks import (
     RankWorker,
     read_reports,
 )
+from jupyter_gpumem.units import echoed
 
 _ACTIVE: RankCollection | None = None  # one collection at a time: the outermost block's
 
@@ -256,7 +256,7 @@ def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
     files = _files(paths)
     if not files:
         raise FileNotFoundError(
-            f"no report files at {_shown(paths)}: give a file, a glob such as 'run.rank*.json', "
+            f"no report files at {echoed(paths)}: give a file, a glob such as 'run.rank*.json', "
             "or a folder of rank files"
         )
     ranks: list[Report] = []
@@ -275,7 +275,7 @@ def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
         ranks.append(report)
     if not ranks:
         raise ValueError(
-            f"none of the {len(files)} file(s) at {_shown(paths)} is a jupyter_gpumem report: "
+            f"none of the {len(files)} file(s) at {echoed(paths)} is a jupyter_gpumem report: "
             + "; ".join(skipped[:3])
             + ("; ..." if len(skipped) > 3 else "")
         )
@@ -336,11 +336,11 @@ def _files(
     elif isinstance(paths, Iterable):
         items = list(paths)
     else:
-        raise TypeError(f"{allowed}; got {type(paths).__name__} {_shown(paths)}")
+        raise TypeError(f"{allowed}; got {type(paths).__name__} {echoed(paths)}")
     found: dict[str, bool] = {}
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(f"{allowed}; got {type(item).__name__} {_shown(item)} among them")
+            raise TypeError(f"{allowed}; got {type(item).__name__} {echoed(item)} among them")
         text = os.fspath(item)
         p = Path(text)
         if p.is_dir():
@@ -512,7 +512,7 @@ def _check(value: Any, spec: Any, where: str) -> None:
         if not isinstance(value, dict):
             raise ValueError(f"{where} must be an object of names to values, got {_got(value)}")
         for key, item in value.items():
-            _check(item, spec.value, f"{where}[{_shown(key)}]")
+            _check(item, spec.value, f"{where}[{echoed(key)}]")
     else:
         _check_object(value, spec, where)
 
@@ -551,21 +551,4 @@ def _got(value: Any) -> str:
         return "an object"
     if isinstance(value, list):
         return "a list"
-    return _shown(value)
-
-
-_ECHO = reprlib.Repr()  # bounds the work: long strings and lists are cut before repr
-_ECHO.maxstring = _ECHO.maxother = _ECHO.maxlong = ECHO_CHARS = 40
-
-
-def _shown(value: Any) -> str:
-    """``value`` as an error message may echo it: its repr, cut to 40 characters."""
-    try:
-        text = _ECHO.repr(value)
-    except ValueError:  # an int past the 4,300 digits Python writes out, or a list of them
-        text = f"<{_digits(value)}{type(value).__name__} too long to show>"
-    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
-
-
-def _digits(value: Any) -> str:
-    return f"{int(abs(value).bit_length() * 0.30103) + 1}-digit " if isinstance(value, int) else ""
+    return echoed(value)

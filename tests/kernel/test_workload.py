@@ -54,7 +54,7 @@ def test_the_matching_optimizer_counts_its_state() -> None:
         ),
         (lambda t: t.compare(["x"]), r"compare takes a list of Config.*got list \['x'\]"),
         (lambda t: t.compare(Config()), "compare takes a list of Config"),
-        (lambda t: t.run("y" * 10_000), r"got str 'y{39}\.\.\.$"),
+        (lambda t: t.run("y" * 10_000), r"got str 'y.{0,39}$"),  # 40 characters at most
     ],
 )
 def test_wrong_arguments_say_what_is_allowed(call: object, message: str) -> None:
