@@ -194,10 +194,10 @@ async def run(shell: InteractiveShell, body: Body, outcome: Outcome, *, silent: 
     # The displayhook asks the history whether the cell ends in ';'; the history holds the
     # `%%gpumem` cell, so it is told about the body instead, for as long as the body runs.
     own = hook.__dict__.get("quiet")
-    hook.quiet = lambda: DisplayHook.semicolon_at_end_of_expression(stored)  # type: ignore[method-assign]  # restored below
     shown = shell.__dict__.get("showtraceback")
-    shell.showtraceback = _without_our_frames(shell.showtraceback)  # type: ignore[method-assign]  # restored below
     try:
+        hook.quiet = lambda: DisplayHook.semicolon_at_end_of_expression(stored)  # type: ignore[method-assign]  # restored below
+        shell.showtraceback = _without_our_frames(shell.showtraceback)  # type: ignore[method-assign]  # restored below
         await shell.run_ast_nodes(
             body.tree.body,
             body.filename,
@@ -205,13 +205,13 @@ async def run(shell: InteractiveShell, body: Body, outcome: Outcome, *, silent: 
             compiler=body.compiler,
             result=outcome,
         )
-    finally:
+    finally:  # no call of ours here: a Ctrl-C cannot land between the two
         if shown is None:
-            del shell.showtraceback
+            shell.__dict__.pop("showtraceback", None)
         else:
             shell.showtraceback = shown  # type: ignore[method-assign]  # someone else's, put back
         if own is None:
-            del hook.quiet
+            hook.__dict__.pop("quiet", None)
         else:
             hook.quiet = own  # type: ignore[method-assign]  # someone else's override, put back
 

@@ -48,7 +48,11 @@ class Runner:
             yield
         finally:
             saved, self._saved = self._saved, None
-            saved.restore(final=True)
+            try:
+                saved.restore(final=True)
+            except KeyboardInterrupt:
+                saved.restore(final=True)  # a Ctrl-C in the restore: finish it, then stop
+                raise
 
     def fresh_run(self, workload: Workload, config: Config) -> TrialResult:
         """One configuration from the saved start; call it inside :meth:`preserved`."""

@@ -91,6 +91,15 @@ def _state() -> dict[str, Any]:
     }
 
 
+def _shell_state(shell: InteractiveShell) -> dict[str, Any]:
+    """What a cell run puts on the shell for the body's time: the displayhook's ``quiet``, and
+    ``showtraceback`` (the test's own stand-in, never our wrapper of it)."""
+    return {
+        "displayhook override": "quiet" in vars(shell.displayhook),
+        "showtraceback": vars(shell).get("showtraceback"),
+    }
+
+
 def _right(report: Any) -> bool:
     """The check cell's report: a 4,000-byte tensor made on top of what the namespace held."""
     return (
@@ -127,13 +136,13 @@ def test_every_call_of_a_cell_interrupted_leaves_nothing_behind(
     cell_shell: InteractiveShell,
 ) -> None:
     shell = cell_shell
-    clean = _state()
+    clean = {**_state(), **_shell_state(shell)}
     total = _injected(lambda: shell.run_cell(CELL), None).calls
     assert total > 100  # the cell's measurement runs through our code
     left: list[str] = []
     for at in range(1, total + 1):
         injector = _injected(lambda: shell.run_cell(CELL), at)
-        now = _state()
+        now = {**_state(), **_shell_state(shell)}
         if now != clean:
             changed = {k: now[k] for k in now if now[k] != clean[k]}
             left.append(f"call {at} ({injector.where}): {changed}")
