@@ -99,7 +99,11 @@ class Measurement:
         self.cell_key = cell_key  # the same cell re-run has the same key
         self.report: Report | None = None
         self._recorder = Recorder(
-            options.recording, namespace, digest=replay_window, layout_after=layout_after
+            options.recording,
+            namespace,
+            digest=replay_window,
+            layout_after=layout_after,
+            cell_filename=cell[0] if cell is not None else None,
         )
         self._ranks = RankCollection(measure_rank, namespace) if options.ranks else None
         self._token: int | None = None

@@ -497,7 +497,7 @@ def tensors_at_end(
         line = None
         if origin is not None and block_size(origin.size) == block.size:
             line = source_line(origin, cell) or _during(marks, origin)
-        alive.append(_alive(n, block.size, device, line or "between the recorded steps"))
+        alive.append(_alive(n, block.size, device, line or "outside the recorded part"))
     alive.sort(key=lambda r: (r.name is None, -r.nbytes))
     gone = [
         r

@@ -229,7 +229,9 @@ def _cpu_device(
     notes = [] if replay.exact else [f"the tensor trace is incomplete ({replay.reason})"]
     after = replay.allocated_end
     detailed = rec.cpu_detail_steps
-    if rec.cpu_detail_until_us is not None and detailed is not None and rec.steps > detailed:
+    stepped_aside = rec.cpu_detail_until_us is not None and detailed is not None
+    # A source that stepped aside at a step boundary with no step after it saw the whole cell.
+    if stepped_aside and (rec.steps > detailed or not detailed):
         known = _live_at_end(events, start)
         named = {a: n for a, n in rec.named.items() if n.device == "cpu"}
         later = [BlockState(a, n.nbytes, "allocated") for a, n in named.items() if a not in known]
@@ -245,10 +247,15 @@ def _cpu_device(
         if timeline is not None:
             timeline = extended(timeline, rec.wall_s, after)
         found = replace(found, tensors=listed, timeline=timeline)
+        part = (
+            f"the first {detailed} of {rec.steps} steps (the first {format_seconds(until_s)})"
+            if detailed
+            else f"the first {format_seconds(until_s)} of {format_seconds(rec.wall_s)}, up to a "
+            "statement of the cell (it counts no optimizer steps or model calls)"
+        )
         notes.append(
-            f"tensor allocations recorded in detail for the first {detailed} of {rec.steps} "
-            f"steps (the first {format_seconds(until_s)}); the CPU keeps no peak counters to "
-            "follow later steps, which are taken to repeat them: the figures after the cell "
+            f"tensor allocations recorded in detail for {part}; the CPU keeps no peak counters "
+            "to follow the rest, which is taken to repeat it: the figures after the cell "
             "and the tensors it left alive are read at its end, and the timeline joins the two"
         )
     note = "cpu: " + "; ".join(notes) if notes else None

@@ -13,6 +13,9 @@ never depends on the schedule: it comes from independent peak counters.
 A step ends when an optimizer finishes ``step()``. A cell that never steps an
 optimizer (inference, a hand-written update) counts forward calls of its root
 modules instead: between windows, those are watched by a hook on each root module.
+A CPU cell that counts neither (loops of tensor ops over plain tensors) is recorded in
+detail for its first ``CPU_DETAIL_S`` seconds, up to the next statement of its own code
+(:mod:`.safe_point`); the CPU has no peak counters, so later peaks are not followed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ DETAIL_STEPS = 3  # optimizer steps recorded in detail at the start and after a 
 DETAIL_FORWARDS = 8  # root-module forwards, for cells that never step an optimizer
 MAX_REENTRIES = 2  # new detail windows after the first, per cell
 SAMPLE_INTERVAL_S = 0.05  # at most one counter reading per device this often
+CPU_DETAIL_S = 0.5  # a CPU cell without steps: seconds recorded in detail
 
 
 @dataclass

@@ -23,7 +23,9 @@ Importing this module does not import torch; ``start()`` does.
 
 Cost: about 8 us per allocating op and 2 us per other op, on top of the 4-5 us
 any Python dispatch mode costs (a 3-layer MLP with Adam on one CPU thread:
-+40% step time at width 512, +200% at width 64, where ops are tiny).
++40% step time at width 512, +200% at width 64, where ops are tiny). The recorder therefore
+follows a cell in detail for a while only: ``deadline_us`` and ``on_deadline`` let its owner
+decide when to step aside (see :mod:`.safe_point`).
 
 Known limitations:
 - Memory that no op allocates is not seen: storages shared with numpy
@@ -126,6 +128,10 @@ class DispatchRecorder:
         # cycle through them.
         self._on_free_cb: Callable[[weakref.ref[Any]], None] | None = None
         self._on_resize_cb: storage_resizes.Listener | None = None
+        # Called once, from inside the first allocating op at or after the deadline (time_ns
+        # // 1000); the owner decides there whether the recording should step aside.
+        self.deadline_us: int | None = None
+        self.on_deadline: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -228,6 +234,7 @@ class DispatchRecorder:
             self._following = False
             self._live.clear()  # drops the weakrefs: later frees are not reported
         self._on_free_cb = None
+        self.on_deadline = None  # holds its owner
         return self.events
 
     def __enter__(self) -> DispatchRecorder:
@@ -284,12 +291,17 @@ class DispatchRecorder:
         address = key if st.device.type == "meta" else st.data_ptr() or key
         ref = _StorageRef(st, self._on_free_cb)
         ref.key, ref.address, ref.size = key, address, size
+        now = _now()
         with self._lock:
             if self._mode is None:
                 return
             self._live[key] = ref
             if size:
-                self._append("alloc", address, size, _now(), self._frames())
+                self._append("alloc", address, size, now, self._frames())
+        deadline = self.deadline_us
+        if deadline is not None and now >= deadline and self.on_deadline is not None:
+            self.deadline_us = None
+            self.on_deadline()
 
     def _append(
         self, action: str, address: int, size: int, time_us: int, frames: tuple[_Frame, ...]
@@ -350,7 +362,7 @@ class DispatchRecorder:
             name = code.co_filename
             skip = internal.get(name)
             if skip is None:
-                skip = internal[name] = _is_internal(name)
+                skip = internal[name] = is_library_file(name)
             if not caller_found:
                 role = roles.get(name)
                 if role is None:
@@ -431,7 +443,8 @@ def _internal_dirs() -> tuple[str, ...]:
     return tuple(os.path.abspath(d) + os.sep for d in dirs)
 
 
-def _is_internal(filename: str) -> bool:
+def is_library_file(filename: str) -> bool:
+    """Code of torch, this package, the stdlib or an installed library: not the user's."""
     if filename.startswith("<frozen"):
         return True
     return os.path.isabs(filename) and os.path.abspath(filename).startswith(_internal_dirs())

@@ -23,7 +23,7 @@ from jupyter_gpumem.records import (
     TraceWindow,
 )
 from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
-from jupyter_gpumem.tracking.detail import DETAIL_STEPS, DetailSchedule, RootWatch
+from jupyter_gpumem.tracking.detail import CPU_DETAIL_S, DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tracking.namespace import NAMED, named_storages
 from jupyter_gpumem.tracking.tags import Tagger
@@ -58,8 +58,10 @@ class Recorder:
         *,
         digest: Callable[[TraceWindow], Any] | None = None,
         layout_after: LayoutAfter | None = None,
+        cell_filename: str | None = None,
     ) -> None:
         self.options = options
+        self.cell_filename = cell_filename  # where the cell's own statements run, if known
         self.digest = digest  # see CudaSession
         self.layout_after = layout_after
         self.user_ns: Mapping[str, Any] = user_ns if user_ns is not None else {}
@@ -78,6 +80,7 @@ class Recorder:
         self._watch = RootWatch()
         self._tagged: tuple[tuple[Tag, ...], tuple[PhaseMark, ...]] | None = None
         self._cpu_events: tuple[TraceEvent, ...] | None = None
+        self._next_statement: Any = None  # safe_point.NextStatement, while the CPU source may step aside
         self._session_ended = False
 
     def start(self) -> None:
@@ -98,6 +101,9 @@ class Recorder:
         self._end_session()
 
     def _uninstall(self) -> None:
+        if self._next_statement is not None:
+            self._next_statement.disarm()
+            self._next_statement = None  # it holds this recorder: no cycle left behind
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -155,6 +161,8 @@ class Recorder:
             steps = self.options.detail_steps
             if steps is not None and not self.options.snapshot_path:
                 self._schedule = DetailSchedule(steps=steps)
+                if self._cpu is not None and self.cell_filename is not None:
+                    self._guarded("CPU tensor source", self._limit_cpu_detail)
             self._guarded("optimizer hooks", lambda: self._hook_optimizers(torch))
         self._started_at = time.time()
         self._t0 = time.perf_counter()
@@ -266,6 +274,39 @@ class Recorder:
         elif counted and self._session is not None and schedule.sample_due():
             if self._guarded("light mode", lambda: self._sample(module, args)) is _FAILED:
                 self._schedule = None
+
+    # -- a CPU cell without steps ----------------------------------------------------
+    def _limit_cpu_detail(self) -> None:
+        """A CPU cell that counts no steps is recorded in detail for ``CPU_DETAIL_S`` only."""
+        from jupyter_gpumem.tracking.dispatch import is_library_file
+        from jupyter_gpumem.tracking.safe_point import NextStatement
+
+        assert self.cell_filename is not None
+        self._next_statement = NextStatement(
+            self.cell_filename, self._cpu_step_aside, is_library_file
+        )
+        self._cpu.deadline_us = time.time_ns() // 1000 + int(CPU_DETAIL_S * 1e6)
+        self._cpu.on_deadline = self._cpu_deadline
+
+    def _cpu_deadline(self) -> None:
+        """From inside an op: past the detail budget, step aside at the cell's next statement."""
+        schedule = self._schedule
+        if schedule is None or schedule.position or not self._detailed:
+            return  # steps are being counted: the schedule decides
+        self._guarded("CPU tensor source", self._next_statement.arm)
+
+    def _cpu_step_aside(self) -> bool:
+        """At a statement of the user's own code; True once stepped aside (or no longer due)."""
+        schedule = self._schedule
+        if schedule is None or schedule.position or not self._detailed:
+            return True
+        if self._tagger is not None and (
+            self._tagger.decode.decoding or not self._tagger.can_pause()
+        ):
+            return False  # a decoding window stays open; a checkpoint's hooks are on top
+        if self._guarded("light mode", self._go_light) is _FAILED:
+            self._schedule = None
+        return True
 
     def _root_forward(self, module: Any, args: Any) -> None:
         self._boundary("forward", module, args)
