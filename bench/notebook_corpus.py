@@ -25,7 +25,7 @@ from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "corpus"))
 
-from notebooks import NOTEBOOKS  # noqa: E402
+from notebooks import NOTEBOOKS
 
 RSS = """\
 with open("/proc/self/status") as f:
@@ -39,7 +39,11 @@ def notebook(cells: list[str], *, tracked: bool) -> nbformat.NotebookNode:
     if tracked:
         code.insert(0, "%load_ext jupyter_gpumem")
     nb.cells = [nbformat.v4.new_code_cell(c) for c in [*code, RSS]]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     return nb
 
 
@@ -85,8 +89,15 @@ def main() -> None:
     plain_s = sum(r["plain"]["total_s"] for r in results.values())
     tracked_s = sum(r["tracked"]["total_s"] for r in results.values())
     worst = max(results.values(), key=lambda r: r["ratio"])["ratio"]
-    summary = {"plain_s": plain_s, "tracked_s": tracked_s, "ratio": tracked_s / plain_s, "worst": worst}
-    print(f"corpus: plain {plain_s:.2f} s, tracked {tracked_s:.2f} s, x{summary['ratio']:.2f}; worst x{worst:.2f}")
+    summary = {
+        "plain_s": plain_s,
+        "tracked_s": tracked_s,
+        "ratio": tracked_s / plain_s,
+        "worst": worst,
+    }
+    print(
+        f"corpus: plain {plain_s:.2f} s, tracked {tracked_s:.2f} s, x{summary['ratio']:.2f}; worst x{worst:.2f}"
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
         json.dumps(

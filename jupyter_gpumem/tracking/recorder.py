@@ -80,7 +80,9 @@ class Recorder:
         self._watch = RootWatch()
         self._tagged: tuple[tuple[Tag, ...], tuple[PhaseMark, ...]] | None = None
         self._cpu_events: tuple[TraceEvent, ...] | None = None
-        self._next_statement: Any = None  # safe_point.NextStatement, while the CPU source may step aside
+        self._next_statement: Any = (
+            None  # safe_point.NextStatement, while the CPU source may step aside
+        )
         self._session_ended = False
 
     def start(self) -> None:

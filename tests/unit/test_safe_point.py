@@ -106,7 +106,11 @@ def test_user_chain_stops_at_the_first_library_frame() -> None:
     ns: dict[str, Any] = {"user_chain": user_chain, "is_library": is_library, "CELL": CELL}
     exec(compile(LIB, LIBRARY, "exec"), ns)
     exec(
-        compile("def inner():\n    return user_chain(sys._getframe(), CELL, is_library)\n", EARLIER, "exec"),
+        compile(
+            "def inner():\n    return user_chain(sys._getframe(), CELL, is_library)\n",
+            EARLIER,
+            "exec",
+        ),
         {**ns, "sys": sys},
         ns,
     )
