@@ -20,7 +20,7 @@ from jupyter_gpumem.tuner.estimation.predict import config_of, estimate_workload
 from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
-from jupyter_gpumem.tuner.workload import LossFn, Workload, checked_workload
+from jupyter_gpumem.tuner.workload import LossFn, Workload, checked_workload, needs_weights
 from jupyter_gpumem.units import echoed_kind
 
 
@@ -36,6 +36,11 @@ class Trial:
 
     Each trial starts from the user's weights and buffers, with no gradients, empty optimizer
     state and the same random state; after the last, all of it is as it was, bit for bit.
+
+    A model built on the meta device (``with torch.device("meta")``, transformers'
+    ``from_config`` under it, accelerate's ``init_empty_weights``), with its optimizer and a
+    batch of meta tensors, is estimated without a byte of weights anywhere; ``device`` is
+    where it would run (default: the GPU present, else the CPU). Measuring it needs weights.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class Trial:
                 f"run takes a Config, e.g. Config(precision='bf16'); got {echoed_kind(config)}"
             )
         workload = self.workload
+        needs_weights(workload, "run()")
         with self._runner.preserved(workload):
             return self._with_estimate(self._runner.fresh_run(workload, config))
 
@@ -96,6 +102,7 @@ class Trial:
         baseline = Config()
         ordered = [baseline, *(c for c in dict.fromkeys(configs) if c != baseline)]
         workload = self.workload
+        needs_weights(workload, "compare()")
         with self._runner.preserved(workload):
             return [self._with_estimate(self._runner.fresh_run(workload, c)) for c in ordered]
 
@@ -110,17 +117,20 @@ class Trial:
         """
         return plan(self, budget, techniques)
 
-    def estimate(self, batch: Any = None, **config: Any) -> Estimate:
+    def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
         """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.
 
         ``config`` holds ``checkpoint=``, ``every=``, ``precision=``, ``optimizer=`` (as in
         ``techniques.apply``) or ``config=Config(...)``; ``batch`` replaces the trial's batch.
-        A later ``run()`` of the same configuration and batch carries the estimate. See
+        On a GPU the estimate carries its verdict (does it fit?) on the card present, or on
+        ``gpu``, a card by name (``"H100-80GB"``, ``"A100-40GB"``, ``"L4"``, ...; see
+        :mod:`jupyter_gpumem.tuner.estimation.cards`). A later ``run()`` of the same
+        configuration and batch carries the estimate. See
         :mod:`jupyter_gpumem.tuner.estimation.predict`.
         """
         chosen = config_of(config)
-        found = estimate_workload(self.workload, chosen, batch=batch)
-        if (batch is None or batch is self.batch) and found.peak_bytes is not None:
+        found = estimate_workload(self.workload, chosen, batch=batch, gpu=gpu)
+        if (batch is None or batch is self.batch) and found.peak_bytes is not None and gpu is None:
             self._estimates[chosen] = (id(self.batch), found)
         return found
 

@@ -70,11 +70,40 @@ def _check_optimizer_holds(model: Any, optimizer: Any) -> None:
         )
 
 
+def holds_no_weights(model: Any) -> bool:
+    """True for a model built on the meta device: shapes only, no weights anywhere."""
+    first = next(model.parameters(), None)
+    return first is not None and first.is_meta
+
+
+def needs_weights(workload: Workload, what: str) -> None:
+    """ValueError where ``what`` (a measured run) meets a model that holds no weights."""
+    if holds_no_weights(workload.model):
+        raise ValueError(
+            f"the model's parameters are on the meta device: {what} runs real steps and needs "
+            "real weights (load them, or model.to_empty(device=...) and initialise them); "
+            "estimate(), max_batch_size() and plan() work without them"
+        )
+
+
 def _device(torch: Any, model: Any, device: Any) -> Any:
-    if device is None:
+    tensors = [*model.parameters(), *model.buffers()]
+    meta = [t.is_meta for t in tensors]
+    if any(meta) and not all(meta):
+        raise ValueError(
+            f"the model has some parameters on the meta device ({sum(meta)} of {len(meta)} "
+            "tensors) and some with weights: build all of it on the meta device to estimate "
+            "it, or load every weight to run it"
+        )
+    if device is None and meta and meta[0]:
+        # where it would run: the GPU present, else the CPU
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
     device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError("device must be where the steps would run (cuda or cpu), not meta")
     if device.type == "cuda" and device.index is None:
         # without initialising CUDA, which would keep forked ranks from using it
         index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0

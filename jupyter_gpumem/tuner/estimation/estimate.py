@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tuner.estimation.verdict import Verdict
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 
@@ -41,6 +42,7 @@ class Estimate:
     rank: int | None = None  # this estimate's rank, for one rank of a parallel configuration
     # one estimate per rank for a parallel configuration (the worst rank's peak is peak_bytes)
     ranks: tuple[Estimate, ...] = field(default=(), compare=False, repr=False)
+    verdict: Verdict | None = field(default=None, compare=False)  # on a card (GPU estimates)
 
     @property
     def total_bytes(self) -> int | None:
@@ -70,6 +72,20 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("config")
+        judged = self.verdict
+        out["verdict"] = (
+            None
+            if judged is None
+            else {
+                "card": judged.card.name,
+                "capacity_bytes": judged.card.total_bytes,
+                "fits": judged.fits,
+                "needed_bytes": judged.needed_bytes,
+                "headroom_bytes": judged.headroom_bytes,
+                "margin_bytes": judged.margin_bytes,
+                "line": judged.line(),
+            }
+        )
         out["ranks"] = [r.to_dict() for r in self.ranks]
         out["notes"] = list(self.notes)
         out["total_bytes"] = self.total_bytes
@@ -77,13 +93,27 @@ class Estimate:
 
     # -- display ---------------------------------------------------------------------------
     def text(self) -> str:
-        head = f"gpumem estimate: {self.label} on {self.device}"
-        if self.batch_size is not None:
-            head += f", batch {self.batch_size}"
+        head = self._head()
         if self.peak_bytes is None:
             return f"{head}\nnot available: {self.reason}"
-        lines = [head, *(f"{k:<28}{v:>12}" for k, v in self._rows())]
-        if self.breakdown:
+        lines = [head, *self._verdict_lines()]
+        lines.extend(f"{k:<28}{v:>12}" for k, v in self._rows())
+        lines.extend(self._tail())
+        return "\n".join(lines)
+
+    def _head(self) -> str:
+        head = f"gpumem estimate: {self.label} on {self.device}"
+        return head if self.batch_size is None else f"{head}, batch {self.batch_size}"
+
+    def _verdict_lines(self) -> list[str]:
+        if self.verdict is None:
+            return []
+        return [self.verdict.line(), *(f"  {d}" for d in self.verdict.details())]
+
+    def _tail(self) -> list[str]:
+        """The breakdown at the peak, how it was made, the notes."""
+        lines = []
+        if self.breakdown and self.peak_bytes is not None:
             where = f" ({self.phase})" if self.phase else ""
             lines.append(f"at the peak{where}:")
             total = max(1, self.peak_bytes)
@@ -94,7 +124,7 @@ class Estimate:
                     )
         lines.append(self._footer())
         lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+        return lines
 
     def _rows(self) -> list[tuple[str, str]]:
         rows = [
@@ -113,19 +143,26 @@ class Estimate:
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = esc(self.text().splitlines()[0])
+        head = esc(self._head())
         if self.peak_bytes is None:
             return (
                 f"<div><strong>{head}</strong><p>Not available: {esc(str(self.reason))}</p></div>"
+            )
+        judged = ""
+        if self.verdict is not None:
+            kind = "fits" if self.verdict.fits else "does-not-fit"
+            details = "".join(f"<li>{esc(d)}</li>" for d in self.verdict.details())
+            judged = (
+                f'<p class="jp-gpumem-verdict jp-gpumem-verdict-{kind}"><strong>'
+                f"{esc(self.verdict.line())}</strong></p><ul>{details}</ul>"
             )
         cells = "".join(
             f'<tr><td style="padding-right:1em">{esc(k)}</td><td style="text-align:right">{esc(v)}</td></tr>'
             for k, v in self._rows()
         )
-        body = self.text().splitlines()[1 + len(self._rows()) :]
         return (
-            f'<div class="jp-gpumem-estimate"><strong>{head}</strong><table>{cells}</table>'
-            f'<pre style="margin:.4em 0">{esc(chr(10).join(body))}</pre></div>'
+            f'<div class="jp-gpumem-estimate">{judged}<strong>{head}</strong><table>{cells}</table>'
+            f'<pre style="margin:.4em 0">{esc(chr(10).join(self._tail()))}</pre></div>'
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:

@@ -28,13 +28,18 @@ class Faker:
     """Fake tensors laid out as real ones: one fake storage per real storage.
 
     With ``device``, the fakes are made there and stand for no real storage: a rank's own
-    copies, in a process that does not exist yet.
+    copies, in a process that does not exist yet. Tensors on the meta device (a model that
+    holds no weights) are faked on ``meta_to``, where the run happens, and stand for no real
+    storage either.
     """
 
-    def __init__(self, torch: Any, log: StorageLog, device: Any = None) -> None:
+    def __init__(
+        self, torch: Any, log: StorageLog, device: Any = None, *, meta_to: Any = None
+    ) -> None:
         self.torch = torch
         self.log = log
         self.device = device
+        self.meta_to = meta_to
         self._bases: dict[int, Any] = {}  # real StorageImpl address -> fake uint8 storage
         self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
 
@@ -43,7 +48,9 @@ class Faker:
         made = self.by_id.get(id(t))
         if made is None:
             st = t.untyped_storage()
-            device = t.device if self.device is None else self.device
+            device = self.device
+            if device is None:
+                device = self.meta_to if t.is_meta and self.meta_to is not None else t.device
             base = self._bases.get(st._cdata)
             if base is None:
                 base = self._bases[st._cdata] = torch.empty(

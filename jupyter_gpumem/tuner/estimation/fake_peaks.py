@@ -51,6 +51,7 @@ class DeviceFacts:
 
     name: str
     total_bytes: int
+    capability: tuple[int, int]  # CUDA compute capability (major, minor)
     workspace_bytes: int  # library workspaces this measurement had to create (0: already there)
     context_bytes: int | None  # NVML's figure for the process minus PyTorch's reserved bytes
 
@@ -88,6 +89,7 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
     facts = DeviceFacts(
         name=props.name,
         total_bytes=int(props.total_memory),
+        capability=(int(props.major), int(props.minor)),
         workspace_bytes=made,
         context_bytes=None if nvml is None else max(0, nvml - reserved),
     )

@@ -136,14 +136,18 @@ def run_fake(
     parallel = config.parallel is not None
     # A rank is a process of its own: it holds copies of the model on its device, which
     # its strategy changes for good, so it runs a copy, never the model itself.
-    faker = Faker(torch, log, device if parallel else None)
+    faker = Faker(torch, log, device if parallel else None, meta_to=device)
     if parallel:
         log.communication = {}
     real_params = {id(p): p for p in model.parameters()}
     with rng_kept(torch), mode, (fake_copy if parallel else swapped)(torch, model, faker) as run:
         model = model if run is None else run
         fake_opt = None if optimizer is None else fake_optimizer(torch, optimizer, faker)
-        real_of = {id(faker.by_id[i]): p for i, p in real_params.items() if i in faker.by_id}
+        real_of = {
+            id(faker.by_id[i]): p
+            for i, p in real_params.items()
+            if i in faker.by_id and not p.is_meta  # meta ones: the run's device decides
+        }
         run_batch = None if make_batch is not None else fake_batch(torch, batch, faker)
         faker.done()
         recording = _recording_mode()(log)
@@ -159,7 +163,7 @@ def run_fake(
                 reducer = getattr(applied.model, "reducer", None)
                 if isinstance(reducer, FakeReducer):
                     reducer.on_rebuild = log.remake_communication
-                if applied.optimizer is not None and parallel:
+                if applied.optimizer is not None and (parallel or not real_of):
                     foreach_on(torch, applied.optimizer, device)
                 elif applied.optimizer is not None:
                     foreach_as_real(torch, applied.optimizer, real_of)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
-from jupyter_gpumem.tuner.estimation import fake_peaks
+from jupyter_gpumem.tuner.estimation import cards, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
@@ -40,6 +40,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     unavailable,
 )
 from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
 from jupyter_gpumem.tuner.workload import Workload
 from jupyter_gpumem.units import format_bytes, parse_size
@@ -74,16 +75,28 @@ def estimate_workload(
     batch: Any = None,
     make_batch: Callable[[], Any] | None = None,
     batch_size: int | None = None,
+    gpu: str | None = None,
 ) -> Estimate:
-    """The estimate of ``workload`` under ``config``, with its batch unless one is given."""
+    """The estimate of ``workload`` under ``config``, with its batch unless one is given.
+
+    ``gpu`` names the card to judge it on (see :mod:`.cards`); by default the GPU present.
+    """
     import torch
 
-    if config.parallel is not None:
-        return estimate_ranks(
-            workload, config, batch=batch, make_batch=make_batch, batch_size=batch_size
-        )
     t0 = time.perf_counter()
     device = workload.device
+    target = None if gpu is None else cards.card(gpu)
+    if target is not None and device.type != "cuda":
+        raise ValueError(f"gpu={gpu!r} names a CUDA card, but the trial's device is {device}")
+    missing = _no_cuda(torch, device)
+    if missing is None and target is not None and not target.bf16 and _uses_bf16(workload, config):
+        missing = f"the {target.name} has no bfloat16 support; choose fp16-autocast or fp32"
+    if missing is not None:
+        return unavailable(config, device, missing, batch_size, t0)
+    if config.parallel is not None:
+        return estimate_ranks(
+            workload, config, batch=batch, make_batch=make_batch, batch_size=batch_size, gpu=target
+        )
     own_batch = make_batch is None and (batch is None or batch is workload.batch)
     cuda = device.type == "cuda"
     facts = fake_peaks.device_facts(torch, device) if cuda else None
@@ -111,7 +124,7 @@ def estimate_workload(
         notes.extend(fake_peaks.allocator_notes())
     else:
         peaks = fake_peaks.cpu_peaks(run)
-    return Estimate(
+    found = Estimate(
         label=str(config),
         device=str(device),
         peak_bytes=peaks.peak_bytes,
@@ -127,6 +140,37 @@ def estimate_workload(
         notes=tuple(notes),
         config=config,
     )
+    return on_card(found, facts, target) if facts is not None else found
+
+
+def _uses_bf16(workload: Workload, config: Config) -> bool:
+    import torch
+
+    if config.precision in ("bf16", "bf16-autocast"):
+        return True
+    return any(p.dtype == torch.bfloat16 for p in workload.model.parameters())
+
+
+def _no_cuda(torch: Any, device: Any) -> str | None:
+    """Why a CUDA estimate cannot run in this process, if it cannot.
+
+    Fake CUDA tensors need a torch built with CUDA (no GPU is needed to build them): on a
+    CPU-only build, autograd over them aborts the whole process, so it is never tried.
+    """
+    if device.type != "cuda":
+        return None
+    if not torch.backends.cuda.is_built():
+        return (
+            f"this torch ({torch.__version__}) is built without CUDA, and fake CUDA tensors "
+            "need a CUDA build (no GPU is needed): pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu128, or estimate on device='cpu'"
+        )
+    if not torch.cuda.is_available():
+        return (
+            "no GPU is present, and the estimate starts from the GPU's own layout and library "
+            "workspaces: run it where the GPU is, or estimate on device='cpu'"
+        )
+    return None
 
 
 def checkpoint_notes(model: Any, config: Config) -> list[str]:

@@ -30,9 +30,11 @@ from typing import Any
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.ranks import stop_inherited
 from jupyter_gpumem.tuner.estimation import fake_peaks
+from jupyter_gpumem.tuner.estimation.cards import Card
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
 from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
 from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.workload import Workload
 
 NO_WORKSPACES = (
@@ -48,13 +50,17 @@ def estimate_ranks(
     batch: Any = None,
     make_batch: Callable[[], Any] | None = None,
     batch_size: int | None = None,
+    gpu: Card | None = None,
 ) -> Estimate:
-    """One estimate per rank of ``config``; the worst rank's figures, with ``.ranks``."""
+    """One estimate per rank of ``config``; the worst rank's figures, with ``.ranks``.
+
+    On a GPU each rank carries its verdict on ``gpu`` (default: the card present).
+    """
     import torch
 
     t0 = time.perf_counter()
     device = workload.device
-    kwargs = {"batch": batch, "make_batch": make_batch, "batch_size": batch_size}
+    kwargs = {"batch": batch, "make_batch": make_batch, "batch_size": batch_size, "gpu": gpu}
     if device.type == "cuda" and not torch.cuda.is_initialized():
         ranks, caught = _forked(lambda: _ranks(workload, config, fresh=True, **kwargs))
         for message in caught:
@@ -72,12 +78,16 @@ def _ranks(
     batch: Any,
     make_batch: Callable[[], Any] | None,
     batch_size: int | None,
+    gpu: Card | None,
 ) -> list[Estimate]:
     import torch
 
     device = workload.device
     cuda = device.type == "cuda"
     facts = fake_peaks.device_facts(torch, device) if cuda and fresh else None
+    # the card's size and context for the verdict: CUDA is up already where the ranks are
+    # played in this process
+    judge = facts or (fake_peaks.device_facts(torch, device) if cuda else None)
     # DDP makes its buckets anew in the second forward: the fake steps reach it where the
     # trial's warm-up does
     warmup = min(workload.warmup, 2)
@@ -137,6 +147,8 @@ def _ranks(
             config=config,
             rank=rank,
         )
+        if judge is not None:
+            found = on_card(found, judge, gpu)
         played[key] = found
         out.append(found)
     return out

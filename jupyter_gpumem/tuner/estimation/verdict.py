@@ -1,0 +1,108 @@
+"""Will it fit? An estimate's peak set against a card's capacity, with a margin we measured.
+
+What the process holds on the card at the peak is the allocator's reserved peak (the
+library workspaces included) plus the CUDA context. "Fits" means that plus a margin stays
+within the card: the margin is ``MARGIN`` of the reserved peak, above the largest error of
+the reserved peak measured in ``bench/results/meta_estimates_h100.json`` (3.1%, a ViT-L/16,
+the estimate under the measurement). Where it does not fit, the verdict names the
+categories that dominate the peak and the techniques that address each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jupyter_gpumem.tuner.estimation.cards import Card
+from jupyter_gpumem.units import format_bytes
+
+MARGIN = 0.05  # of the predicted reserved peak
+_NOT_REMEDIABLE = frozenset({"unattributed", "allocator_slack", "library_workspace"})
+REMEDIES: Mapping[str, str] = {
+    "activations": "activation checkpointing (checkpoint='blocks', or transformers' "
+    "gradient_checkpointing_enable()) or a smaller batch or sequence",
+    "optimizer_state": "an 8-bit or factored optimizer (optimizer='adamw-8bit' or "
+    "'adafactor'), LoRA, or FSDP2 over several GPUs",
+    "parameters": "bf16 weights, LoRA on a 4-bit base (QLoRA), or FSDP2 over several GPUs",
+    "gradients": "LoRA (gradients for the adapters only) or FSDP2 over several GPUs",
+    "temporary": "a smaller batch, or bf16 autocast",
+    "kv_cache": "a shorter context or a smaller batch",
+    "inputs": "a smaller batch",
+    "communication": "smaller DDP buckets (bucket_cap_mb)",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an estimated peak fits one card, and by how much."""
+
+    card: Card
+    reserved_bytes: int  # the allocator's reserved peak on this card
+    context_bytes: int | None  # CUDA context and libraries outside the allocator; None: unknown
+    margin_bytes: int
+    fits: bool
+    dominant: tuple[tuple[str, int], ...]  # the largest categories at the peak, largest first
+
+    @property
+    def needed_bytes(self) -> int:
+        """Reserved peak, context and margin: what the card must hold."""
+        return self.reserved_bytes + (self.context_bytes or 0) + self.margin_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Capacity left over (negative: what is missing)."""
+        return self.card.total_bytes - self.needed_bytes
+
+    @property
+    def remedies(self) -> tuple[str, ...]:
+        return tuple(
+            f"{c.replace('_', ' ')}: {REMEDIES[c]}" for c, _ in self.dominant if c in REMEDIES
+        )
+
+    def line(self) -> str:
+        """The verdict in one line, the first of an estimate's report."""
+        needs = (
+            f"needs {format_bytes(self.needed_bytes)} of its {format_bytes(self.card.total_bytes)}"
+        )
+        if self.fits:
+            return (
+                f"fits on {self.card.name}: {needs} ({format_bytes(self.headroom_bytes)} to spare)"
+            )
+        most = " and ".join(f"{c.replace('_', ' ')} ({format_bytes(n)})" for c, n in self.dominant)
+        return (
+            f"does not fit on {self.card.name}: {needs} ({format_bytes(-self.headroom_bytes)} "
+            f"short); most of the peak is {most}"
+        )
+
+    def details(self) -> tuple[str, ...]:
+        """How the figure is made up, and what to try where it does not fit."""
+        parts = [
+            f"reserved at the peak {format_bytes(self.reserved_bytes)}",
+            "CUDA context and libraries "
+            + (format_bytes(self.context_bytes) if self.context_bytes is not None else "not known"),
+            f"margin {format_bytes(self.margin_bytes)} ({MARGIN:.0%} of the reserved peak)",
+        ]
+        out = [" + ".join(parts)]
+        if not self.fits:
+            out.extend(f"try for {r}" for r in self.remedies)
+        return tuple(out)
+
+
+def verdict(
+    card: Card, reserved_bytes: int, context_bytes: int | None, breakdown: Mapping[str, int] | None
+) -> Verdict:
+    """The verdict of a reserved peak (and its breakdown) on ``card``."""
+    margin = int(reserved_bytes * MARGIN)
+    need = reserved_bytes + (context_bytes or 0) + margin
+    ranked = sorted(
+        ((c, n) for c, n in (breakdown or {}).items() if n > 0 and c not in _NOT_REMEDIABLE),
+        key=lambda cn: -cn[1],
+    )
+    return Verdict(
+        card=card,
+        reserved_bytes=reserved_bytes,
+        context_bytes=context_bytes,
+        margin_bytes=margin,
+        fits=need <= card.total_bytes,
+        dominant=tuple(ranked[:2]),
+    )

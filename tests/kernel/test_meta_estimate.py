@@ -1,0 +1,170 @@
+"""Estimates for models that hold no weights: built on the meta device, nothing materialised.
+
+On the CPU a meta model's estimate must equal, to the byte, the estimate of the same model
+with real weights: the fake run sees the same shapes, so only where its storages come from
+differs. A CUDA estimate on a torch build without CUDA must say what to install, never abort.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.estimation.estimate import EstimateUnavailable
+from jupyter_gpumem.tuner.trial import Trial
+
+transformers = pytest.importorskip("transformers")
+
+SEQ = 16
+
+
+def _llama() -> nn.Module:
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _gpt2() -> nn.Module:
+    cfg = transformers.GPT2Config(
+        vocab_size=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _vit() -> nn.Module:
+    cfg = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, num_labels=10,
+    )  # fmt: skip
+    return transformers.ViTForImageClassification(cfg)
+
+
+def _lm_batch(device: str) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.zeros(2, SEQ, dtype=torch.long, device=device)}
+
+
+def _lm_loss(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    return m(input_ids=b["input_ids"], labels=b["input_ids"]).loss
+
+
+def _vit_batch(device: str) -> dict[str, torch.Tensor]:
+    return {
+        "pixel_values": torch.zeros(4, 3, 32, 32, device=device),
+        "labels": torch.zeros(4, dtype=torch.long, device=device),
+    }
+
+
+def _vit_loss(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    return m(**b).loss
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[str], Any], Callable[..., Any]]] = {
+    "llama": (_llama, _lm_batch, _lm_loss),
+    "gpt2": (_gpt2, _lm_batch, _lm_loss),
+    "vit": (_vit, _vit_batch, _vit_loss),
+}
+
+
+def _trial(name: str, built_on: str, **kwargs: Any) -> Trial:
+    build, batch, loss = CASES[name]
+    torch.manual_seed(0)
+    with torch.device(built_on):
+        model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Trial(model, batch(built_on), loss, optimizer=opt, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(
+    "config",
+    [Config(), Config(checkpoint="blocks"), Config(precision="bf16"), Config(optimizer="sgd")],
+    ids=str,
+)
+def test_a_meta_model_estimates_as_the_same_model_materialised(name: str, config: Config) -> None:
+    real = _trial(name, "cpu").estimate(config=config)
+    meta_trial = _trial(name, "meta", device="cpu")
+    meta = meta_trial.estimate(config=config)
+    assert real.peak_bytes is not None, real.reason
+    assert meta.peak_bytes == real.peak_bytes, (meta.reason, meta.breakdown, real.breakdown)
+    assert meta.peak_reserved_bytes == real.peak_reserved_bytes
+    assert meta.breakdown == real.breakdown
+    assert meta.phase == real.phase
+    assert all(p.is_meta for p in meta_trial.model.parameters())
+    assert not meta_trial.optimizer.state
+
+
+def test_a_meta_model_estimates_on_the_cpu_unless_told_otherwise() -> None:
+    trial = _trial("gpt2", "meta")
+    assert trial.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_the_largest_batch_of_a_meta_model() -> None:
+    def make(n: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.zeros(n, SEQ, dtype=torch.long)}
+
+    real = _trial("llama", "cpu")
+    meta = _trial("llama", "meta", device="cpu")
+    budget = real.estimate(batch=make(6)).peak_bytes
+    assert budget is not None
+    assert meta.max_batch_size(budget, make) == real.max_batch_size(budget, make) == 6
+
+
+def test_running_a_meta_model_asks_for_real_weights() -> None:
+    trial = _trial("gpt2", "meta", device="cpu")
+    for attempt in (lambda: trial.run(Config()), lambda: trial.compare([Config()])):
+        with pytest.raises(ValueError, match=r"meta device.*real weights"):
+            attempt()
+    assert all(p.is_meta for p in trial.model.parameters())
+
+
+def test_a_model_partly_on_the_meta_device_is_refused() -> None:
+    model = _gpt2()
+    model.lm_head = nn.Linear(64, 256, bias=False, device="meta")
+    with pytest.raises(ValueError, match="some parameters on the meta device"):
+        Trial(model, _lm_batch("cpu"), _lm_loss, device="cpu")
+
+
+CUDA_ON_CPU_BUILD = """
+import torch, transformers
+from jupyter_gpumem.tuner.trial import Trial
+cfg = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+with torch.device("meta"):
+    model = transformers.GPT2LMHeadModel(cfg)
+batch = torch.zeros(2, 16, dtype=torch.long, device="meta")
+opt = torch.optim.AdamW(model.parameters())
+est = Trial(model, batch, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt,
+            device="cuda").estimate()
+print("PEAK", est.peak_bytes)
+print("REASON", est.reason)
+"""
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="a torch build without CUDA")
+def test_a_cuda_estimate_on_a_cpu_only_build_says_what_to_install() -> None:
+    """Fake CUDA tensors with autograd abort a CPU-only build: the kernel must never try."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CUDA_ON_CPU_BUILD)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "PEAK None" in done.stdout
+    assert "without CUDA" in done.stdout and "pip install torch" in done.stdout
+    with pytest.raises(EstimateUnavailable, match="without CUDA"):
+        meta = _trial("gpt2", "meta", device="cuda")
+        meta.max_batch_size("1GiB", lambda n: torch.zeros(n, SEQ, dtype=torch.long))
