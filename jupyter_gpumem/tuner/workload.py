@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpumem.tracking.devices import cuda_present
+
 LossFn = Callable[[Any, Any], Any]
 
 
@@ -97,7 +99,7 @@ def _device(torch: Any, model: Any, device: Any) -> Any:
         )
     if device is None and meta and meta[0]:
         # where it would run: the GPU present, else the CPU
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if cuda_present(torch) else "cpu"
     elif device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")

@@ -168,3 +168,47 @@ def test_a_cuda_estimate_on_a_cpu_only_build_says_what_to_install() -> None:
     with pytest.raises(EstimateUnavailable, match="without CUDA"):
         meta = _trial("gpt2", "meta", device="cuda")
         meta.max_batch_size("1GiB", lambda n: torch.zeros(n, SEQ, dtype=torch.long))
+
+
+def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
+    """Each rank's parameters and AdamW state are its pieces of every parameter: dim 0 cut as
+    torch.chunk cuts it. A parameter's piece is stored padded to ceil(rows / ranks) rows, its
+    optimizer state is the piece's own rows (the last rank's are fewer: 1001 = 7 x 126 + 119).
+    At the peak (in the backward, where the all-gathered layers are communication) gradients
+    are partly made."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    world = 8
+
+    def loss(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=b, labels=b).loss
+
+    est = Trial(model, ids, loss, optimizer=opt, device="cpu").estimate(
+        config=Config(parallel="fsdp2", world_size=world)
+    )
+    assert est.peak_bytes is not None, est.reason
+    params = list(model.parameters())
+
+    def piece(p: torch.Tensor, rank: int | None) -> int:
+        """Bytes of ``rank``'s rows of ``p``; None: the padded piece."""
+        rows, per_row = p.shape[0], p.numel() // p.shape[0] * 4
+        most = -(-rows // world)
+        return per_row * (most if rank is None else max(0, min(most, rows - rank * most)))
+
+    padded = sum(piece(p, None) for p in params)
+    buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    steps = 4 * len(params)  # AdamW's step counter, a float32 scalar per parameter on the CPU
+    assert len(est.ranks) == world
+    for rank in est.ranks:
+        own = sum(piece(p, rank.rank) for p in params)
+        assert rank.breakdown["parameters"] == padded + buffers
+        assert rank.breakdown["optimizer_state"] == 2 * own + steps
+        assert 0 < rank.breakdown["gradients"] <= padded
+    assert est.ranks[0].breakdown["optimizer_state"] > est.ranks[-1].breakdown["optimizer_state"]
+    assert all(p.is_meta for p in model.parameters())

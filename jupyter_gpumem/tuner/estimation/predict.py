@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
@@ -165,7 +166,7 @@ def _no_cuda(torch: Any, device: Any) -> str | None:
             "need a CUDA build (no GPU is needed): pip install torch --index-url "
             "https://download.pytorch.org/whl/cu128, or estimate on device='cpu'"
         )
-    if not torch.cuda.is_available():
+    if not cuda_present(torch):  # asked without poisoning fork: ranks may be forked next
         return (
             "no GPU is present, and the estimate starts from the GPU's own layout and library "
             "workspaces: run it where the GPU is, or estimate on device='cpu'"
