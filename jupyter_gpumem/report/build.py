@@ -229,9 +229,9 @@ def _cpu_device(
     notes = [] if replay.exact else [f"the tensor trace is incomplete ({replay.reason})"]
     after = replay.allocated_end
     detailed = rec.cpu_detail_steps
-    stepped_aside = rec.cpu_detail_until_us is not None and detailed is not None
+    until_us = rec.cpu_detail_until_us
     # A source that stepped aside at a step boundary with no step after it saw the whole cell.
-    if stepped_aside and (rec.steps > detailed or not detailed):
+    if until_us is not None and detailed is not None and (rec.steps > detailed or not detailed):
         known = _live_at_end(events, start)
         named = {a: n for a, n in rec.named.items() if n.device == "cpu"}
         later = [BlockState(a, n.nbytes, "allocated") for a, n in named.items() if a not in known]
@@ -242,7 +242,7 @@ def _cpu_device(
             events, start, [*made, *later], named,
             device="cpu", cell=cell, top=top, marks=rec.marks, block_size=lambda n: n,
         )  # fmt: skip
-        until_s = max(0.0, rec.cpu_detail_until_us / 1e6 - rec.started_at)
+        until_s = max(0.0, until_us / 1e6 - rec.started_at)
         timeline = found.timeline
         if timeline is not None:
             timeline = extended(timeline, rec.wall_s, after)

@@ -82,7 +82,7 @@ class NextStatement:
     def disarm(self) -> None:
         """Stop watching; safe to call when not armed, and again."""
         if self._tool is not None:
-            monitoring = sys.monitoring
+            monitoring: Any = getattr(sys, "monitoring")  # noqa: B009  # Python 3.12+, not in 3.10's stubs
             for code in self._codes:
                 monitoring.set_local_events(self._tool, code, 0)
             monitoring.set_events(self._tool, 0)
