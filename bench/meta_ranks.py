@@ -8,7 +8,7 @@
    (FSDP2 cuts dim 0 as ``torch.chunk`` does; each piece one storage, padded to the largest
    piece), and the estimate's wall time.
 2. The Llama of about 1.5B parameters (bf16 autocast, AdamW, batch 4 x 1024 per rank) with
-   DDP and FSDP2 over 2 ranks: estimated from a meta model, then measured by forked ranks of
+   DDP and FSDP2 over ``--world`` ranks (2 by default): estimated from a meta model, then measured by forked ranks of
    the same model with random weights (NCCL, one GPU each, where two GPUs are present; else
    gloo, sharing one). Each rank within 2% of its own ``max_memory_allocated``.
 
@@ -96,7 +96,7 @@ def seventy(out: dict[str, Any]) -> None:
     )
 
 
-def per_rank(out: dict[str, Any]) -> None:
+def per_rank(out: dict[str, Any], world: int) -> None:
     import torch
 
     from jupyter_gpumem.techniques import Config
@@ -109,7 +109,7 @@ def per_rank(out: dict[str, Any]) -> None:
         meta, meta_ids, lm_loss, optimizer=meta_opt, warmup=2, steps=2, device="cuda"
     )
     configs = [
-        Config(parallel=p, world_size=2, precision="bf16-autocast") for p in ("ddp", "fsdp2")
+        Config(parallel=p, world_size=world, precision="bf16-autocast") for p in ("ddp", "fsdp2")
     ]
     estimates = {}
     for config in configs:
@@ -130,6 +130,7 @@ def per_rank(out: dict[str, Any]) -> None:
             "status": res.status,
             "error": res.error,
             "reason": est.reason,
+            "shard_bytes": shard_arithmetic(real, world) if config.parallel == "fsdp2" else None,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -139,6 +140,8 @@ def per_rank(out: dict[str, Any]) -> None:
                     "error_pct": e.error_pct(r.own_peak_bytes),
                     "estimated_reserved": e.peak_reserved_bytes,
                     "measured_reserved": r.peak_reserved_bytes,
+                    "estimated_breakdown": e.breakdown,
+                    "measured_breakdown": r.breakdown,
                 }
                 for r, e in zip(res.ranks, est.ranks, strict=False)
             ],
@@ -152,12 +155,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
     parser.add_argument("--skip-70b", action="store_true")
+    parser.add_argument("--world", type=int, default=2, help="ranks of the 1.5B cases")
     args = parser.parse_args()
     out: dict[str, Any] = {}
     try:
         if not args.skip_70b:
             seventy(out)
-        per_rank(out)
+        per_rank(out, args.world)
     finally:
         args.output.write_text(json.dumps(out, indent=1, default=str))
 
