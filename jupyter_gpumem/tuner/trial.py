@@ -110,12 +110,16 @@ class Trial:
         self,
         budget: int | str,
         techniques: Sequence[str] = ("checkpoint", "precision", "optimizer"),
+        *,
+        allow: Sequence[str] = (),
     ) -> Plan:
         """The configuration with the least predicted step time that fits ``budget``.
 
-        See :mod:`jupyter_gpumem.tuner.planning.plan`; ``plan.verify()`` measures it.
+        It keeps the training math (the optimizer's algorithm, fp32 master weights) unless
+        ``allow`` names "optimizer" or "pure-bf16". See
+        :mod:`jupyter_gpumem.tuner.planning.plan`; ``plan.verify()`` measures it.
         """
-        return plan(self, budget, techniques)
+        return plan(self, budget, techniques, allow=allow)
 
     def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
         """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.

@@ -84,7 +84,7 @@ def needs_weights(workload: Workload, what: str) -> None:
         raise ValueError(
             f"the model's parameters are on the meta device: {what} runs real steps and needs "
             "real weights (load them, or model.to_empty(device=...) and initialise them); "
-            "estimate(), max_batch_size() and plan() work without them"
+            "estimate() and max_batch_size() work without them"
         )
 
 

@@ -397,7 +397,11 @@ class Tuner(widgets.VBox):
         self._busy = True
         try:
             with self._trial_scope():
-                plan = fit_plan(trial, budget_bytes, techniques, progress=self._progress)
+                # ticking "optimizer" is the opt-in to another algorithm; pure bf16 stays out
+                allow = ("optimizer",) if "optimizer" in techniques else ()
+                plan = fit_plan(
+                    trial, budget_bytes, techniques, allow=allow, progress=self._progress
+                )
         finally:
             self._busy = False
         if self.baseline is None and plan.baseline is not None:

@@ -177,13 +177,36 @@ def test_all_techniques_fit_a_budget_checkpointing_alone_cannot() -> None:
     trial = _stack_trial()
     _, every = _anchors(trial)
     steps: list[str] = []
-    found = fit_plan(trial, round(0.8 * every), progress=steps.append)
+    # AdamW's variants and autocast alone cannot: the plan may change the optimizer
+    assert not plan(trial, round(0.8 * every)).fits
+    found = fit_plan(trial, round(0.8 * every), allow=("optimizer",), progress=steps.append)
     assert found.fits and found.measured_fits, found.reasoning
     assert found.precision is not None or found.optimizer is not None
     text = "\n".join(found.reasoning)
     assert "combinations of precision and optimizer" in text
     assert "Verified by a measured run" in found.reasoning[-1]
     assert steps and any(s.startswith("verifying") for s in steps)
+
+
+def test_the_plan_keeps_the_training_math_unless_allowed() -> None:
+    """AdamW stays AdamW (its fused and 8-bit variants may come), and weights stay fp32 under
+    autocast, whatever the budget; allowed, the plan may change both, and says so first."""
+    trial = _stack_trial()
+    _, every = _anchors(trial)
+    steps: list[str] = []
+    kept = plan(trial, round(0.5 * every), progress=steps.append)
+    assert kept.optimizer in (None, "adamw-fused", "adamw-8bit"), kept.reasoning
+    assert kept.precision != "bf16"
+    assert kept.reasoning[0].startswith("Keeps your optimizer, adamw (or its variants")
+    assert "allow=('optimizer', 'pure-bf16')" in kept.reasoning[0]
+    measured = " ".join(steps)
+    assert "sgd" not in measured and "adafactor" not in measured and "'bf16'" not in measured
+    freed = plan(trial, round(0.5 * every), allow=("optimizer", "pure-bf16"))
+    assert freed.reasoning[0].startswith("Keeps nothing of the training math fixed; allowed")
+    assert "another optimizer algorithm" in freed.reasoning[0]
+    assert any("sgd" in line for line in freed.reasoning), freed.reasoning
+    with pytest.raises(ValueError, match="some of optimizer, pure-bf16"):
+        plan(trial, every, allow=("lora",))
 
 
 def test_a_model_without_blocks_is_planned_without_checkpointing() -> None:
@@ -201,7 +224,7 @@ def test_a_model_without_blocks_is_planned_without_checkpointing() -> None:
     trial = Trial(model, torch.randn(32, D), lambda m, b: m(b).square().mean(), optimizer=opt)
     found = trial.plan(1, techniques=("checkpoint",))
     assert not found.fits and found.checkpoint == ()
-    assert "no repeated blocks" in found.reasoning[1]
+    assert "no repeated blocks" in found.reasoning[2]  # after the training math and the budget
 
 
 def _activations(by_module: dict[str, dict[str, int]], name: str) -> int:

@@ -70,6 +70,14 @@ from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
 __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
 
 TECHNIQUES = ("checkpoint", "precision", "optimizer")
+# What a plan changes of the user's training math only when allowed: convergence differs.
+CHANGES = ("optimizer", "pure-bf16")
+# Variants that run the same update (fused kernels, 8-bit state): allowed by default.
+SAME_ALGORITHM = {
+    "adamw": ("adamw-fused", "adamw-8bit"),
+    "adamw-fused": ("adamw", "adamw-8bit"),
+    "adamw-8bit": ("adamw", "adamw-fused"),
+}
 TIE = 0.02  # step times within 2% of the least count as equal
 SAFETY = 0.01  # share of the budget kept free for what the model does not see
 PAIR_ROUNDS = 3  # precision-and-optimizer pairs measured together before the final pick
@@ -214,20 +222,26 @@ def plan(
     budget: int | str,
     techniques: Sequence[str] = TECHNIQUES,
     *,
+    allow: Sequence[str] = (),
     headroom_bytes: int = 0,
     progress: Progress | None = None,
 ) -> Plan:
     """The configuration with the least predicted step time whose predicted peak fits ``budget``.
 
     ``techniques`` names what the plan may change: "checkpoint", "precision", "optimizer".
+    It keeps the user's training math unless ``allow`` names a change: the optimizer's
+    algorithm ("optimizer"; its fused and 8-bit variants are always allowed) and pure bf16
+    weights ("pure-bf16"; autocast is always allowed). The reasoning's first line says which.
     ``headroom_bytes`` is kept free on top of ``SAFETY`` (``fit_plan`` sets it after a
     verification that came out over). ``progress`` is called with a line before each run.
     """
     budget_bytes = _budget(budget)
     allowed = _techniques(techniques)
+    changes = _changes(allow)
     say = progress or (lambda _: None)
     model = trial.workload.model
-    lines = [f"Budget: {format_bytes(budget_bytes)}."]
+    own = optimizer_name(trial.workload.optimizer)
+    lines = [_math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
     candidates: tuple[str, ...] = ()
     if "checkpoint" in allowed:
         candidates = tuple(blocks(model))
@@ -236,11 +250,12 @@ def plan(
     precisions: list[str | None] = [None]
     if "precision" in allowed:
         now = precision_name(model)
-        precisions += [p for p in PRECISIONS if p != now]  # "fp32" of an fp32 model is as is
+        kept = [p for p in PRECISIONS if p != "bf16" or "pure-bf16" in changes]
+        precisions += [p for p in kept if p != now]  # "fp32" of an fp32 model is as is
     optimizers: list[str | None] = [None]
-    if "optimizer" in allowed:
-        now = optimizer_name(trial.workload.optimizer)
-        optimizers += [o for o in OPTIMIZERS if o != now]
+    if "optimizer" in allowed and own is not None:
+        same = SAME_ALGORITHM.get(own, ())
+        optimizers += [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
     store = _store(trial, candidates)
 
     first = [Config(precision=p) for p in precisions] + [Config(optimizer=o) for o in optimizers]
@@ -415,6 +430,7 @@ def fit_plan(
     budget: int | str,
     techniques: Sequence[str] = TECHNIQUES,
     *,
+    allow: Sequence[str] = (),
     attempts: int = 3,
     progress: Progress | None = None,
 ) -> Plan:
@@ -432,7 +448,9 @@ def fit_plan(
     history: list[str] = []
     result: Plan | None = None
     for attempt in range(1, attempts + 1):
-        result = plan(trial, budget_bytes, techniques, headroom_bytes=headroom, progress=progress)
+        result = plan(
+            trial, budget_bytes, techniques, allow=allow, headroom_bytes=headroom, progress=progress
+        )
         if not result.fits:
             break
         say(f"verifying the plan: {result.config}")
@@ -471,6 +489,40 @@ def _budget(budget: int | str) -> int:
     if value <= 0:
         raise ValueError(f"budget must be greater than zero bytes, got {budget!r}")
     return value
+
+
+def _changes(allow: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(allow, str):
+        allow = (allow,)
+    unknown = [a for a in allow if a not in CHANGES]
+    if unknown:
+        raise ValueError(
+            f"allow names changes to the training math: some of {', '.join(CHANGES)}; "
+            f"got {tuple(allow)!r}"
+        )
+    return tuple(allow)
+
+
+def _math_line(own: str | None, changes: tuple[str, ...]) -> str:
+    """The reasoning's first line: what of the user's training math the plan may change."""
+    kept = []
+    if own is not None and "optimizer" not in changes:
+        variants = SAME_ALGORITHM.get(own, ())
+        also = f" (or its variants {', '.join(variants)})" if variants else ""
+        kept.append(f"your optimizer, {own}{also}")
+    if "pure-bf16" not in changes:
+        kept.append("fp32 master weights (autocast, not pure bf16)")
+    allowed = [
+        {"optimizer": "another optimizer algorithm", "pure-bf16": "pure bf16 weights"}[c]
+        for c in changes
+    ]
+    head = f"Keeps {' and '.join(kept)}" if kept else "Keeps nothing of the training math fixed"
+    tail = (
+        f"; allowed to change: {', '.join(allowed)}, which changes convergence."
+        if allowed
+        else "; allow=('optimizer', 'pure-bf16') lets it change them."
+    )
+    return head + tail
 
 
 def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
