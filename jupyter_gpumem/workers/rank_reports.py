@@ -40,6 +40,7 @@ from jupyter_gpumem.tracking.ranks import (
     read_reports,
 )
 from jupyter_gpumem.units import echoed
+from jupyter_gpumem.workers.rank_balance import rank_notes
 
 _ACTIVE: RankCollection | None = None  # one collection at a time: the outermost block's
 
@@ -221,7 +222,10 @@ def with_ranks(report: Report, ranks: Sequence[Report], notes: Sequence[str]) ->
     status = report.status
     if status == "error" and any(r.status == "oom" for r in ranks):
         status = "oom"
-    return replace(report, status=status, ranks=tuple(ranks), notes=(*report.notes, *notes))
+    compared = rank_notes(ranks)
+    return replace(
+        report, status=status, ranks=tuple(ranks), notes=(*report.notes, *notes, *compared)
+    )
 
 
 # -- files written outside the notebook --------------------------------------------------
@@ -297,7 +301,7 @@ def load_reports(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]
         cuda_available=any(r.cuda_available for r in ranks),
         source="none",
         budget_bytes=None,
-        notes=tuple(skipped),
+        notes=(*skipped, *rank_notes(ranks)),
         ranks=tuple(ranks),
     )
 

@@ -100,13 +100,22 @@ SCRIPT = textwrap.dedent(
             own("oom", rank, free=free)
             huge = torch.empty(free * 4, dtype=torch.uint8, device="cuda")
 
+    def stray(rank, world):
+        start("stray", rank, world)
+        keep = torch.empty(64 * 2**20, device="cuda")  # 256 MiB on its own GPU
+        if rank:  # and 128 MiB on rank 0's, as code that names "cuda:0" leaves there
+            left = torch.empty(32 * 2**20, device="cuda:0")
+        own("stray", rank, pid=os.getpid())
+        dist.barrier()
+        dist.destroy_process_group()
+
     def touch(rank):
         x = torch.randn(1024, 1024, device=f"cuda:{rank}")
         assert (x @ x).isfinite().all()
     ''')
     assert setup.success, setup.error_in_exec
     out = {}
-    for name in ("ddp", "fsdp"):
+    for name in ("ddp", "fsdp", "stray"):
         result = ip.run_cell(
             f"%%gpumem -o r_{name} --name {name}\\n"
             f"mp.start_processes({name}, args=({world},), nprocs={world}, start_method='fork')"
@@ -191,6 +200,20 @@ def test_forked_ddp_ranks_are_exact_to_the_byte(job: dict[str, Any]) -> None:
         assert sum(device["breakdown"].values()) == device["peak_allocated_bytes"]
     assert report["worst_rank"] == 1
     assert job["kernel_cuda_initialized"] is False
+
+
+def test_the_ranks_are_compared(job: dict[str, Any]) -> None:
+    """Rank 1 runs twice the batch; in the stray job it also allocates on rank 0's GPU; every
+    rank's process holds a CUDA context and NCCL's buffers beside the allocator."""
+    notes = job["ddp"]["report"]["notes"]
+    above = [n for n in notes if n.startswith("rank 1's peak is ")]
+    assert above and "above the other ranks'" in above[0] and "most of it " in above[0], notes
+    outside = [n for n in notes if n.startswith("outside PyTorch's allocator")]
+    assert outside and "rank 0 " in outside[0] and "rank 1 " in outside[0], notes
+    strays = [n for n in job["stray"]["report"]["notes"] if "also allocated" in n]
+    assert strays == [n for n in strays if n.startswith("rank 1 also allocated 128 MiB")], strays
+    assert len(strays) == 1 and "not its own cuda:1" in strays[0]
+    assert "torch.cuda.set_device(1)" in strays[0]
 
 
 def test_fsdp2_ranks_count_their_shards_as_parameters(job: dict[str, Any]) -> None:
