@@ -1,12 +1,15 @@
 """Whole-notebook cost of `%%gpumem` on the CPU: each corpus notebook plain and tracked.
 
     python bench/notebook_corpus.py bench/results/notebook_corpus_cpu.json [--only NAME]
+    python bench/notebook_corpus.py bench/results/notebook_corpus_cpu_lived_in.json --lived-in
 
 Every notebook runs twice in its own fresh kernel (ipykernel through nbclient, as the
 README's main command runs the quickstart): plain, then with ``%load_ext jupyter_gpumem`` in
 a first cell and ``%%gpumem`` on every code cell. A cell's time is the kernel's own (from
 its input's broadcast to its reply), so the front end's rendering is left out and the
 report's building is counted. The kernel's resident memory is read after the last cell.
+With ``--lived-in`` the notebooks run one after another in one kernel (plain, then tracked
+in another), each on what the ones before left, as a long working session does.
 Targets: the corpus within 1.5x of plain overall, no notebook over 2x.
 """
 
@@ -74,11 +77,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
     parser.add_argument("--only", choices=sorted(NOTEBOOKS), action="append")
+    parser.add_argument("--lived-in", action="store_true", help="all notebooks in one kernel")
     args = parser.parse_args()
+    names = args.only or list(NOTEBOOKS)
     results: dict[str, Any] = {}
-    for name in args.only or NOTEBOOKS:
-        plain = run(NOTEBOOKS[name], tracked=False)
-        tracked = run(NOTEBOOKS[name], tracked=True)
+    if args.lived_in:
+        cells = [c for name in names for c in NOTEBOOKS[name]]
+        whole = {"plain": run(cells, tracked=False), "tracked": run(cells, tracked=True)}
+    start = 0
+    for name in names:
+        if args.lived_in:
+            end = start + len(NOTEBOOKS[name])
+            plain, tracked = (
+                {"cells_s": whole[k]["cells_s"][start:end], "rss_bytes": whole[k]["rss_bytes"]}
+                for k in ("plain", "tracked")
+            )
+            for part in (plain, tracked):
+                part["total_s"] = sum(part["cells_s"])
+            start = end
+        else:
+            plain = run(NOTEBOOKS[name], tracked=False)
+            tracked = run(NOTEBOOKS[name], tracked=True)
         ratio = tracked["total_s"] / plain["total_s"]
         results[name] = {"plain": plain, "tracked": tracked, "ratio": ratio}
         print(
@@ -104,6 +123,7 @@ def main() -> None:
             {
                 "machine": platform.platform(),
                 "python": platform.python_version(),
+                "lived_in": args.lived_in,
                 "notebooks": results,
                 "summary": summary,
             },

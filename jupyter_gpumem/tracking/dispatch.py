@@ -128,8 +128,8 @@ class DispatchRecorder:
         # cycle through them.
         self._on_free_cb: Callable[[weakref.ref[Any]], None] | None = None
         self._on_resize_cb: storage_resizes.Listener | None = None
-        # Called once, from inside the first allocating op at or after the deadline (time_ns
-        # // 1000); the owner decides there whether the recording should step aside.
+        # Called once, from inside the first op at or after the deadline (time_ns // 1000);
+        # the owner decides there whether the recording should step aside.
         self.deadline_us: int | None = None
         self.on_deadline: Callable[[], None] | None = None
 
@@ -254,6 +254,10 @@ class DispatchRecorder:
         self, out: Any, args: Any, kwargs: Mapping[str, Any] | None, *, lifted: bool
     ) -> None:
         """Called by the mode after each op with its outputs; ``lifted`` for ``lift_fresh``."""
+        deadline = self.deadline_us
+        if deadline is not None and _now() >= deadline and self.on_deadline is not None:
+            self.deadline_us = None  # every op, allocating or not (in-place loops allocate nothing)
+            self.on_deadline()
         tensor = self._tensor_type
         if isinstance(out, tensor):
             outputs: Any = (out,)
@@ -291,17 +295,12 @@ class DispatchRecorder:
         address = key if st.device.type == "meta" else st.data_ptr() or key
         ref = _StorageRef(st, self._on_free_cb)
         ref.key, ref.address, ref.size = key, address, size
-        now = _now()
         with self._lock:
             if self._mode is None:
                 return
             self._live[key] = ref
             if size:
-                self._append("alloc", address, size, now, self._frames())
-        deadline = self.deadline_us
-        if deadline is not None and now >= deadline and self.on_deadline is not None:
-            self.deadline_us = None
-            self.on_deadline()
+                self._append("alloc", address, size, _now(), self._frames())
 
     def _append(
         self, action: str, address: int, size: int, time_us: int, frames: tuple[_Frame, ...]

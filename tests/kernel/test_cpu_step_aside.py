@@ -128,3 +128,12 @@ def test_nothing_is_left_watching(shell: InteractiveShell, at_once: None) -> Non
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is not None:
         assert all(monitoring.get_tool(i) != "jupyter_gpumem" for i in range(6))
+
+
+def test_a_loop_of_in_place_ops_steps_aside_too(shell: InteractiveShell, at_once: None) -> None:
+    """Counting into a tensor (makemore's bigram table) allocates nothing after its start."""
+    shell.run_cell("import torch\nN = torch.zeros((27, 27), dtype=torch.int32)")
+    body = "%%gpumem -o r --quiet\nfor i in range(200):\n    N[i % 27, (i * 7) % 27] += 1\n"
+    assert shell.run_cell(body).success
+    assert any("up to a statement of the cell" in n for n in shell.user_ns["r"].notes)
+    assert int(shell.user_ns["N"].sum()) == 200
