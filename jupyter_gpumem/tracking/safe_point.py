@@ -9,10 +9,11 @@ or at the start of the cell's next top-level statement (IPython runs each as its
 code object), and disarms itself once that returns True.
 
 Nothing is watched until it is armed. Python 3.12 and later are told through
-``sys.monitoring`` LINE events on the marked frames' code only; earlier Pythons through
-the frames' ``f_trace`` (a thread's trace function is set while armed, so calls made
-meanwhile pay a small cost). Where a debugger or coverage tool already traces the thread,
-it does not arm.
+``sys.monitoring``: LINE events on the marked frames' code only, and PY_START events, each
+code object other than a cell's statement switched off at its first start; earlier Pythons
+through the frames' ``f_trace`` (a thread's trace function is set while armed, so calls
+made meanwhile pay a small cost). Where a debugger or coverage tool already traces the
+thread, it does not arm.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class NextStatement:
         self._frames: list[FrameType] = []
         self._codes: set[CodeType] = set()
         self._tool: int | None = None
+        self._disable: Any = None  # sys.monitoring.DISABLE, while armed through it
         self._traced = False
 
     @property
@@ -59,7 +61,7 @@ class NextStatement:
             if tool is None:
                 return False
             monitoring.use_tool_id(tool, _TOOL_NAME)
-            self._tool = tool
+            self._tool, self._disable = tool, monitoring.DISABLE
             monitoring.register_callback(tool, monitoring.events.LINE, self._line)
             monitoring.register_callback(tool, monitoring.events.PY_START, self._start)
             monitoring.set_events(tool, monitoring.events.PY_START)
@@ -121,8 +123,10 @@ class NextStatement:
         self._reached(sys._getframe(1))
 
     def _start(self, code: CodeType, offset: int) -> Any:
-        if self._is_statement(code):
-            self._fire()
+        if not self._is_statement(code):
+            return self._disable  # never a cell's statement: no more starts of it, at no cost
+        self._fire()
+        return None
 
     def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
