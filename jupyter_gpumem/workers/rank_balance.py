@@ -25,8 +25,11 @@ _STRAY_BYTES = 2**20  # less than this on another GPU is left alone (a stray sca
 def rank_notes(ranks: Sequence[Report]) -> tuple[str, ...]:
     """Notes on the ranks of one job: stray allocations, a rank above the others, memory
     outside PyTorch's allocator. Nothing for fewer than two ranks with figures."""
-    owned = [(r, _own(r)) for r in ranks if r.rank is not None]
-    owned = [(r, d) for r, d in owned if d is not None]
+    owned: list[tuple[Report, DeviceReport]] = []
+    for r in ranks:
+        own = _own(r) if r.rank is not None else None
+        if own is not None:
+            owned.append((r, own))
     if len(owned) < 2:
         return ()
     notes: list[str] = []
@@ -72,14 +75,14 @@ def _above(owned: Sequence[tuple[Report, DeviceReport]]) -> list[str]:
     peaks = [d.peak_allocated_bytes for _, d in owned]
     top = max(range(len(owned)), key=lambda i: peaks[i])
     others = peaks[:top] + peaks[top + 1 :]
-    median = statistics.median(others)
+    median = round(statistics.median(others))
     over = peaks[top] - median
     if over < ABOVE_BYTES or over < ABOVE_SHARE * median:
         return []
     report, device = owned[top]
     line = (
         f"rank {report.rank}'s peak is {format_bytes(over)} above the other ranks' "
-        f"({format_bytes(peaks[top])} against {format_bytes(round(median))} on {device.device})"
+        f"({format_bytes(peaks[top])} against {format_bytes(median)} on {device.device})"
     )
     diff = _category_diff(device, [d for i, (_, d) in enumerate(owned) if i != top])
     if diff:
