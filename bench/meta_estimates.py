@@ -24,6 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# A Llama-architecture model of about 1.5B parameters (1.47B), shared with bench/meta_ranks.py
+LLAMA_1_5B = dict(
+    vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=26,
+    num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
+)  # fmt: skip
 CASES = ("llama-1.5b-full-bf16", "llama3-8b-lora", "llama3-8b-lora-ckpt", "vit-l16-fp32")
 
 
@@ -49,10 +54,7 @@ def build(case: str, device: str) -> tuple[Any, Any, Any, Any, Any]:
     import transformers
 
     if case.startswith("llama-1.5b"):
-        cfg = transformers.LlamaConfig(
-            vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=26,
-            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
-        )  # fmt: skip
+        cfg = transformers.LlamaConfig(**LLAMA_1_5B)
         dtype, tokens, config = torch.float32, (4, 1024), Config(precision="bf16-autocast")
     else:
         cfg = transformers.LlamaConfig(

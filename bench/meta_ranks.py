@@ -26,6 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.meta_estimates import LLAMA_1_5B
+
 
 def llama(size: str, built_on: str) -> Any:
     import torch
@@ -37,10 +39,7 @@ def llama(size: str, built_on: str) -> Any:
             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192,
         )  # fmt: skip
     else:
-        cfg = transformers.LlamaConfig(
-            vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=26,
-            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
-        )  # fmt: skip
+        cfg = transformers.LlamaConfig(**LLAMA_1_5B)
     cfg.attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(built_on):

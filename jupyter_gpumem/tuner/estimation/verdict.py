@@ -5,7 +5,8 @@ library workspaces included) plus the CUDA context. "Fits" means that plus a mar
 within the card: the margin is ``MARGIN`` of the reserved peak, above the largest error of
 the reserved peak measured in ``bench/results/meta_estimates_h100.json`` (3.1%, a ViT-L/16,
 the estimate under the measurement). Where it does not fit, the verdict names the
-categories that dominate the peak and the techniques that address each.
+categories that dominate the peak and what helps each (the advice an out-of-memory report
+gives, :data:`~jupyter_gpumem.analysis.attribution.ADVICE`).
 """
 
 from __future__ import annotations
@@ -13,23 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from jupyter_gpumem.analysis.attribution import ADVICE
 from jupyter_gpumem.tuner.estimation.cards import Card
 from jupyter_gpumem.units import format_bytes
 
 MARGIN = 0.05  # of the predicted reserved peak
 _NOT_REMEDIABLE = frozenset({"unattributed", "allocator_slack", "library_workspace"})
-REMEDIES: Mapping[str, str] = {
-    "activations": "activation checkpointing (checkpoint='blocks', or transformers' "
-    "gradient_checkpointing_enable()) or a smaller batch or sequence",
-    "optimizer_state": "an 8-bit or factored optimizer (optimizer='adamw-8bit' or "
-    "'adafactor'), LoRA, or FSDP2 over several GPUs",
-    "parameters": "bf16 weights, LoRA on a 4-bit base (QLoRA), or FSDP2 over several GPUs",
-    "gradients": "LoRA (gradients for the adapters only) or FSDP2 over several GPUs",
-    "temporary": "a smaller batch, or bf16 autocast",
-    "kv_cache": "a shorter context or a smaller batch",
-    "inputs": "a smaller batch",
-    "communication": "smaller DDP buckets (bucket_cap_mb)",
-}
 
 
 @dataclass(frozen=True)
@@ -55,9 +45,7 @@ class Verdict:
 
     @property
     def remedies(self) -> tuple[str, ...]:
-        return tuple(
-            f"{c.replace('_', ' ')}: {REMEDIES[c]}" for c, _ in self.dominant if c in REMEDIES
-        )
+        return tuple(f"{c.replace('_', ' ')}: {ADVICE[c]}" for c, _ in self.dominant if c in ADVICE)
 
     def line(self) -> str:
         """The verdict in one line, the first of an estimate's report."""
