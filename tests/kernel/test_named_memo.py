@@ -131,8 +131,10 @@ def test_a_source_unchanged_is_not_named_again(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_what_is_kept_goes_with_its_tensors_and_sources(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the sources other tests left alive set how far the kept ones may grow: start afresh
+    # start afresh: the sources other tests left alive set how far the kept ones may grow, and
+    # their names, dropped by the collector mid-test, would change the counts
     monkeypatch.setattr(kept_names, "SOURCES", kept_names.SourceNames())
+    monkeypatch.setattr(kept_names, "NAMES", kept_names.NameCache())
     before = len(kept_names.NAMES)
     ns: dict[str, Any] = {f"t{i}": torch.ones(2) for i in range(200)}
     named = namespace.named_storages(ns)
