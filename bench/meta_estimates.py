@@ -29,7 +29,10 @@ LLAMA_1_5B = dict(
     vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=26,
     num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
 )  # fmt: skip
-CASES = ("llama-1.5b-full-bf16", "llama3-8b-lora", "llama3-8b-lora-ckpt", "vit-l16-fp32")
+CASES = (
+    "llama-1.5b-full-bf16", "llama3-8b-lora", "llama3-8b-lora-ckpt", "llama3-8b-qlora",
+    "vit-l16-fp32",
+)  # fmt: skip
 
 
 def build(case: str, device: str) -> tuple[Any, Any, Any, Any, Any]:
@@ -67,15 +70,19 @@ def build(case: str, device: str) -> tuple[Any, Any, Any, Any, Any]:
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device("meta" if "qlora" in case else device):
             model = transformers.LlamaForCausalLM(cfg)
-            ids = torch.randint(0, cfg.vocab_size, tokens)
+        ids = torch.randint(0, cfg.vocab_size, tokens, device=device)
+        if "qlora" in case:
+            model = quantized(model, device)
     finally:
         torch.set_default_dtype(default)
     if "lora" in case:
         import peft
 
-        if case.endswith("ckpt"):
+        if "qlora" in case:  # as QLoRA notebooks do: frozen, the rest cast to fp32, checkpointed
+            model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        if case.endswith(("ckpt", "qlora")):
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
@@ -91,6 +98,45 @@ def build(case: str, device: str) -> tuple[Any, Any, Any, Any, Any]:
         return m(input_ids=b, labels=b).loss
 
     return model, opt, ids, lm_loss, config
+
+
+def quantized(model: Any, device: str) -> Any:
+    """``model`` (on meta) with 4-bit NF4 linear layers as transformers loads it, on ``device``.
+
+    On the meta device nothing is quantized, as between ``replace_with_bnb_linear`` and the
+    loading of a checkpoint; on CUDA each weight is random, quantized as loading quantizes it.
+    """
+    import bitsandbytes as bnb
+    import torch
+    from transformers import BitsAndBytesConfig
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    qc = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )  # fmt: skip
+    model = replace_with_bnb_linear(
+        model, modules_to_not_convert=["lm_head"], quantization_config=qc
+    )
+    if device == "meta":
+        return model
+    for m in model.modules():
+        for name, p in list(m._parameters.items()):
+            if p is None:
+                continue
+            data = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0, 0.02)
+            if isinstance(m, bnb.nn.Linear4bit) and name == "weight":
+                m._parameters[name] = bnb.nn.Params4bit(
+                    data, requires_grad=False, compress_statistics=p.compress_statistics,
+                    quant_type=p.quant_type, quant_storage=p.quant_storage, module=m,
+                ).to(device)  # fmt: skip
+            else:
+                m._parameters[name] = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+            del data  # loaded and quantized one weight at a time
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = torch.zeros(b.shape, dtype=b.dtype, device=device)  # rotary
+    return model
 
 
 def one(case: str) -> dict[str, Any]:

@@ -212,3 +212,27 @@ def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
         assert 0 < rank.breakdown["gradients"] <= padded
     assert est.ranks[0].breakdown["optimizer_state"] > est.ranks[-1].breakdown["optimizer_state"]
     assert all(p.is_meta for p in model.parameters())
+
+
+def test_attention_gets_what_the_real_step_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers passes SDPA no mask and ``is_causal=True`` (grouped keys and values as they
+    are) in the real step; on fake tensors it took them for a trace and built a mask."""
+    from transformers import masking_utils
+
+    seen: list[tuple[bool, bool, int]] = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
+        seen.append((attn_mask is None, bool(kwargs.get("is_causal")), k.shape[1]))
+        return original(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    decide = masking_utils._ignore_causal_mask_sdpa
+    trial = _trial("llama", "meta")
+    assert trial.estimate().peak_bytes is not None
+    fake = list(seen)
+    seen.clear()
+    real = _trial("llama", "cpu")
+    _lm_loss(real.model, _lm_batch("cpu")).backward()
+    assert fake and set(fake) == set(seen) == {(True, True, 2)}  # 2 KV heads, no mask
+    assert masking_utils._ignore_causal_mask_sdpa is decide  # put back

@@ -177,9 +177,10 @@ def test_all_techniques_fit_a_budget_checkpointing_alone_cannot() -> None:
     trial = _stack_trial()
     _, every = _anchors(trial)
     steps: list[str] = []
-    # AdamW's variants and autocast alone cannot: the plan may change the optimizer
-    assert not plan(trial, round(0.8 * every)).fits
-    found = fit_plan(trial, round(0.8 * every), allow=("optimizer",), progress=steps.append)
+    # AdamW's variants (8-bit too, where bitsandbytes is installed) and autocast alone cannot:
+    # the plan may change the optimizer
+    assert not plan(trial, round(0.6 * every)).fits
+    found = fit_plan(trial, round(0.6 * every), allow=("optimizer",), progress=steps.append)
     assert found.fits and found.measured_fits, found.reasoning
     assert found.precision is not None or found.optimizer is not None
     text = "\n".join(found.reasoning)

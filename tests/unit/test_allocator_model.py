@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,36 @@ def test_cpu_peaks_count_exact_bytes_of_what_is_held() -> None:
     peaks = cpu_peaks(_run())
     assert peaks.peak_bytes == 3 * MiB + 1024 + 2 * MiB + 6 * MiB + MiB
     assert peaks.breakdown["temporary"] == MiB and peaks.resident_bytes is None
+
+
+def test_empty_cache_releases_only_segments_with_nothing_allocated() -> None:
+    alloc = CachingAllocator()
+    kept, dropped = alloc.malloc(30 * MiB), alloc.malloc(40 * MiB)
+    small = alloc.malloc(4096)
+    alloc.free(dropped)
+    alloc.free(small)
+    assert alloc.reserved == 30 * MiB + 40 * MiB + 2 * MiB
+    alloc.empty_cache()
+    assert alloc.reserved == 30 * MiB and alloc.allocated == 30 * MiB
+    assert [s.total_size for s in alloc.layout()] == [30 * MiB]
+    assert alloc.block_size(kept) == 30 * MiB
+
+
+def test_storages_that_loading_made_are_placed_as_it_placed_them() -> None:
+    """A 4-bit weight loaded as 112 MiB of bf16, quantized to 28 MiB: the 28 MiB goes in a
+    segment of its own while the bf16 one is held; a second weight's bf16 reuses the first's
+    freed block and its 28 MiB is carved from the rest. What is left free is released."""
+    sizes = (28 * MiB, 28 * MiB, 6 * MiB)
+    script = (("alloc", 112 * MiB), ("place", 0), ("free", 0))
+    second = (("alloc", 80 * MiB), ("place", 1), ("free", 0))
+    run = replace(
+        _run(), sizes=sizes, real={}, existing=(0, 1), loading={0: script, 1: second},
+        events=(("alloc", 2, 2), ("free", 2, 3)), window=0, window_clock=1,
+        live_at_window=(0, 1), reachable=frozenset({0, 1}), tags=((0, "parameters"),),
+    )  # fmt: skip
+    peaks = cuda_peaks(run, ())
+    # the first weight's 28 MiB segment, then the 112 MiB one that holds the second's 28 MiB
+    assert peaks.peak_bytes == 2 * 28 * MiB + 6 * MiB
+    assert peaks.peak_reserved_bytes == 28 * MiB + 112 * MiB
+    plain = cuda_peaks(replace(run, loading={}), ())
+    assert plain.peak_reserved_bytes == 2 * 28 * MiB + 20 * MiB  # packed tight, no loading

@@ -138,6 +138,16 @@ class CachingAllocator:
         if block.usable:
             bisect.insort(self._free[block.small], (block.size, block.address))
 
+    def empty_cache(self, time_us: int = 0) -> None:
+        """Release every segment that holds no allocated block, as ``torch.cuda.empty_cache()``."""
+        for address, head in list(self._heads.items()):
+            if head.allocated or head.next is not None or not head.usable:
+                continue
+            self._free[head.small].remove((head.size, address))
+            del self._blocks[address], self._heads[address]
+            self.reserved -= head.size
+            self.events.append(TraceEvent("segment_free", address, head.size, time_us))
+
     def block_size(self, address: int) -> int | None:
         """The size of the allocated block that starts at ``address``; None if there is none."""
         block = self._blocks.get(address)

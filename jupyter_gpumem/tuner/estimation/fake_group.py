@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from jupyter_gpumem.tuner.estimation.quantized import fake_4bit, is_4bit, ready_to_step
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, fake_class
 
 
@@ -44,6 +45,13 @@ class Faker:
         self.by_id: dict[int, Any] = {}  # id(real tensor) -> its fake
 
     def fake(self, t: Any, category: str | None) -> Any:
+        """The fake of ``t``, tagged ``category``; a 4-bit weight's carries its quant state."""
+        if id(t) not in self.by_id and is_4bit(t):
+            self.by_id[id(t)] = fake_4bit(self.torch, self, t)
+        return self.fake_plain(t, category)
+
+    def fake_plain(self, t: Any, category: str | None) -> Any:
+        """The fake of ``t`` as a tensor of its layout, whatever its class."""
         torch = self.torch
         made = self.by_id.get(id(t))
         if made is None:
@@ -69,6 +77,12 @@ class Faker:
             self.log.adopt(made, real, category)
         elif category is not None:
             self.log.tag(made, category)
+        return made
+
+    def fresh(self, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
+        """A fake storage of its own where the run happens, standing for no real one."""
+        made = self.torch.empty(shape, dtype=dtype, device=self.device or self.meta_to)
+        self.log.adopt(made, None, category)
         return made
 
     def done(self) -> None:
@@ -129,8 +143,11 @@ def fake_copy(torch: Any, model: Any, faker: Faker) -> Iterator[Any]:
 
 def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
     """A shallow copy of ``optimizer`` over the fake parameters, with no state."""
-    fake = copy.copy(optimizer)
+    fake = copy.copy(optimizer)  # torch's __getstate__ keeps defaults, state and param_groups
     attrs = vars(fake)
+    for key, value in vars(optimizer).items():  # a subclass's own (bitsandbytes' maps and args)
+        if key not in attrs and not key.endswith("_hooks"):
+            attrs[key] = value
     for key, value in list(attrs.items()):
         # an instance attribute shadowing a method (an LR scheduler's step wrapper) would
         # call the user's optimizer
@@ -151,6 +168,7 @@ def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
         groups.append(copied)
     fake.param_groups = groups
     fake.state = defaultdict(dict)
+    ready_to_step(fake)
     return fake
 
 

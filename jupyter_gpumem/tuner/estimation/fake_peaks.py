@@ -162,8 +162,19 @@ def cuda_peaks(
             address[i] = real  # type: ignore[assignment]  # real is not None where size is
             resident -= size
     for i in run.existing:
-        if i not in address and run.sizes[i]:
+        if i in run.loading and i not in address:  # placed as loading placed it (4-bit)
+            made: list[int] = []
+            for action, value in run.loading[i]:
+                if action == "alloc":
+                    made.append(alloc.malloc(value, 0))
+                elif action == "place":
+                    address[value] = alloc.malloc(run.sizes[value], 0)
+                else:
+                    alloc.free(made[value], 0)
+        elif i not in address and run.sizes[i]:
             address[i] = alloc.malloc(run.sizes[i], 0)  # a fake storage with no real block
+    if run.loading:  # what loading let go is released, as QLoRA's preparation releases it
+        alloc.empty_cache()
     born: dict[int, int] = {}  # storage -> clock, for those the measured steps allocate
     at_birth: dict[int, int] = {}
     window: tuple[tuple[SegmentState, ...], int, int, int, dict[int, int]] | None = None

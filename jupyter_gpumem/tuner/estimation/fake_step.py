@@ -48,12 +48,11 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
+from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
-
-
-class Unfakeable(Exception):
-    """The step cannot run on fake tensors; the message says why, in the user's terms."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +74,14 @@ class FakeRun:
     communication: Mapping[int, tuple[dict[str, Any], ...]] = dataclasses.field(
         default_factory=dict
     )
+    # existing storage -> how loading made it and its siblings (StorageLog.loaded)
+    loading: Mapping[int, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
 
 
 @functools.cache
 def _recording_mode() -> type:
     """The dispatch mode class, defined on first use so that importing needs no torch."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
     class _Recording(TorchDispatchMode):
@@ -93,6 +95,9 @@ def _recording_mode() -> type:
             if any(is_traceable_wrapper_subclass_type(t) for t in types):
                 # a DTensor runs first and comes back here with the plain ops it desugars into
                 return NotImplemented
+            hidden = hidden_buffers(torch, func, args, kwargs or {})
+            for buffer in hidden:  # what the op allocates for itself, alive until it returns
+                self.log.record(buffer, (), {})
             out = func(*args, **(kwargs or {}))
             self.log.record(out, args, kwargs)
             return out
@@ -154,7 +159,7 @@ def run_fake(
         applied = None
         storage_resizes.listen(torch, log.resized)
         try:
-            with recording:
+            with recording, untraced(lambda: _storages(torch, run_batch)):
                 log.recording = True
                 if make_batch is not None:
                     run_batch = fake_batch(torch, make_batch(), faker)
@@ -191,6 +196,7 @@ def run_fake(
         tags=tuple(log.tags),
         marks=tuple(log.marks),
         communication=dict(log.communication or {}),
+        loading=dict(log.loading),
     )
 
 
@@ -244,6 +250,11 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
                 log.tag(value, "optimizer_state")
     log.mark("other")
     del loss
+
+
+def _storages(torch: Any, batch: Any) -> set[int]:
+    """The storages of the batch's tensors."""
+    return {t.untyped_storage()._cdata for t in tensors_in([batch], torch.Tensor, [])}
 
 
 def _compiled(torch: Any, model: Any) -> str | None:

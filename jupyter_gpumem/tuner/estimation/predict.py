@@ -40,9 +40,10 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     EstimateUnavailable,
     unavailable,
 )
-from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 from jupyter_gpumem.units import format_bytes, parse_size
 

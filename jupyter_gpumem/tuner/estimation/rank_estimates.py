@@ -33,8 +33,9 @@ from jupyter_gpumem.tuner.estimation import fake_peaks
 from jupyter_gpumem.tuner.estimation.cards import Card
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
 from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
-from jupyter_gpumem.tuner.estimation.fake_step import Unfakeable, run_fake
+from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 
 NO_WORKSPACES = (

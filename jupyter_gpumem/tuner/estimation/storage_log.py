@@ -62,6 +62,7 @@ class StorageLog:
         self.marks: list[PhaseMark] = []
         self.recording = False
         self.communication: dict[int, tuple[dict[str, Any], ...]] | None = None  # when parallel
+        self.loading: dict[int, tuple[tuple[str, int], ...]] = {}  # see :meth:`loaded`
         self.step = 0
         self.clock = 0
         self._live: dict[int, _Ref] = {}  # StorageImpl address -> its weakref
@@ -83,6 +84,24 @@ class StorageLog:
                 self.real[index] = real_address
         if category is not None:
             self.tags.append((index, category))
+
+    def loaded(self, script: list[tuple[str, Any]]) -> None:
+        """How adopted storages came to be, for the allocator to place them as loading did.
+
+        ``script`` steps are ``("alloc", bytes)`` for a buffer the loading made and let go,
+        ``("place", tensor)`` for an adopted tensor's storage and ``("free", k)`` for the
+        script's ``k``-th buffer; it runs where its first placed storage would be placed.
+        """
+        steps: list[tuple[str, int]] = []
+        for action, value in script:
+            if action == "place":
+                ref = self._live.get(value.untyped_storage()._cdata)
+                if ref is None:  # not this log's device
+                    return
+                value = ref.index
+            steps.append((action, int(value)))
+        first = next(v for a, v in steps if a == "place")
+        self.loading[first] = tuple(steps)
 
     def record(self, out: Any, args: Any, kwargs: Mapping[str, Any] | None) -> None:
         """After an op: its output storages that no input shares are new."""

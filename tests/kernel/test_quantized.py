@@ -1,0 +1,136 @@
+"""bitsandbytes on fake tensors: 4-bit weights laid out as quantizing lays them out, the 4-bit
+matmul's own buffers, 8-bit optimizers' copies, and clear reasons where the CPU cannot tell.
+
+The fake runs with 4-bit weights themselves need CUDA (bitsandbytes' matmul is modelled there);
+they are checked against measured runs in ``tests/gpu/test_quantized_gpu.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from jupyter_gpumem.tuner.estimation.fake_objects import Faker, fake_optimizer
+from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers
+from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+
+bnb = pytest.importorskip("bitsandbytes")
+GEMM = torch.ops.bitsandbytes.gemm_4bit.default
+
+
+def _layout(t: Any) -> list[Any]:
+    """Every tensor a 4-bit weight stores: shape, dtype and storage bytes."""
+
+    def one(x: Any) -> Any:
+        return None if x is None else (tuple(x.shape), x.dtype, x.untyped_storage().nbytes())
+
+    state = t.quant_state
+    parts = [one(t), one(state.absmax), one(state.code), one(state.offset)]
+    if state.state2 is not None:
+        parts += [one(state.state2.absmax), one(state.state2.code), state.state2.blocksize]
+    return [*parts, tuple(state.shape), state.dtype, state.blocksize, state.quant_type]
+
+
+def _faker() -> tuple[Faker, FakeTensorMode]:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    log = StorageLog(torch, torch.device("cpu"), mode)
+    return Faker(torch, log, meta_to=torch.device("cpu")), mode
+
+
+@pytest.mark.parametrize("nested", [True, False])
+@pytest.mark.parametrize("storage", [torch.uint8, torch.bfloat16])
+def test_a_meta_4bit_weight_is_faked_as_quantizing_stores_it(
+    nested: bool, storage: torch.dtype
+) -> None:
+    def linear() -> Any:
+        return bnb.nn.Linear4bit(
+            300, 200, bias=False, compute_dtype=torch.bfloat16, compress_statistics=nested,
+            quant_type="nf4", quant_storage=storage,
+        )  # fmt: skip
+
+    with torch.device("meta"):
+        meta = linear()
+    real = linear().to("cpu")  # quantized by bitsandbytes
+    assert meta.weight.is_meta and not meta.weight.bnb_quantized and real.weight.bnb_quantized
+    faker, mode = _faker()
+    with mode:
+        from_meta = faker.fake(meta.weight, "parameters")
+        from_real = faker.fake(real.weight, "parameters")
+        assert faker.fake(meta.weight, "parameters") is from_meta  # one fake per weight
+    assert _layout(from_meta) == _layout(from_real)
+    assert (from_meta.quant_state.state2 is not None) == nested
+    assert meta.weight.is_meta and meta.weight.quant_state is None  # the model untouched
+
+
+def _gemm_args(rows: int, nested: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    n, k = 1024, 512
+    a = torch.empty(rows, k, dtype=torch.bfloat16, device="cuda")
+    packed = torch.empty(n * k // 2, 1, dtype=torch.uint8, device="cuda")
+    blocks = n * k // 64
+    if not nested:
+        return (a, packed, [n, k], torch.empty(blocks, device="cuda"), 64, "nf4"), {}
+    absmax = torch.empty(-(blocks // -256), device="cuda")
+    return (a, packed, [n, k], absmax, 64, "nf4"), {
+        "absmax_8bit": torch.empty(blocks, dtype=torch.uint8, device="cuda")
+    }
+
+
+def test_the_4bit_matmul_dequantizes_past_1536_rows() -> None:
+    with FakeTensorMode(allow_non_fake_inputs=True):  # fake CUDA tensors, no autograd
+        args, kwargs = _gemm_args(2048)
+        made = hidden_buffers(torch, GEMM, args, kwargs)
+        plain = hidden_buffers(torch, GEMM, *_gemm_args(2048, nested=False))
+        few = hidden_buffers(torch, GEMM, *_gemm_args(3))
+        other = hidden_buffers(torch, torch.ops.aten.mm.default, (args[0], args[0].T), {})
+    # the nested absmax dequantized and offset (float32 per block), then the weight in A's dtype
+    assert [(tuple(t.shape), t.dtype) for t in made] == [
+        ((1024 * 512 // 64,), torch.float32),
+        ((1024 * 512 // 64,), torch.float32),
+        ((1024, 512), torch.bfloat16),
+    ]
+    assert [(tuple(t.shape), t.dtype) for t in plain] == [((1024, 512), torch.bfloat16)]
+    assert few == [] and other == []  # its own kernel up to 4 rows; other ops take nothing
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks the GPU present when there is one")
+def test_between_5_and_1536_rows_without_a_gpu_the_reason_not_a_guess() -> None:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with pytest.raises(Unfakeable, match="by the GPU it runs on"):
+            hidden_buffers(torch, GEMM, *_gemm_args(512))
+
+
+def test_a_meta_qlora_estimate_on_the_cpu_says_where_it_is_modelled() -> None:
+    from jupyter_gpumem.tuner.trial import Trial
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4"),
+            torch.nn.Linear(64, 4),
+        )
+    x = torch.zeros(8, 64, device="meta", requires_grad=True)
+    opt = torch.optim.AdamW(model[1].parameters())
+    est = Trial(model, x, lambda m, b: m(b).sum(), optimizer=opt, device="cpu").estimate()
+    assert est.peak_bytes is None
+    assert "modelled on CUDA" in est.reason and "device='cuda'" in est.reason
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_an_8bit_optimizer_copy_keeps_the_users_maps_and_paged_ones_say_why() -> None:
+    model = torch.nn.Linear(256, 256)
+    opt = bnb.optim.AdamW8bit(model.parameters())
+    maps = dict(opt.name2qmap)
+    faker, mode = _faker()
+    with mode:
+        copy = fake_optimizer(torch, opt, faker)
+    assert copy.name2qmap is not opt.name2qmap  # what the fake step moves goes in its own dict
+    assert opt.name2qmap.keys() == maps.keys()
+    assert all(opt.name2qmap[k] is v for k, v in maps.items())
+    assert set(copy.name2qmap) == {"dynamic", "udynamic"} and copy.optimizer_name == "adam"
+    assert not any(isinstance(t, FakeTensor) for t in copy.name2qmap.values())  # made from values
+    paged = bnb.optim.PagedAdamW8bit(model.parameters())
+    with mode, pytest.raises(Unfakeable, match=r"unified memory.*unpaged twin"):
+        fake_optimizer(torch, paged, faker)
