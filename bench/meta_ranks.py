@@ -1,12 +1,13 @@
 """Will it fit on N GPUs: per-rank estimates from a meta model, beside forked ranks measured.
 
-    python bench/meta_ranks.py OUT.json [--skip-70b]
+    python bench/meta_ranks.py OUT.json [--skip-70b | --only-70b [--device cpu]]
 
 1. A 70B-class Llama config (80 layers, hidden 8192, 64 heads, 8 KV heads, intermediate
    28672, vocab 128256) on the meta device, FSDP2 over 64 ranks, fp32 AdamW, batch 1 x 2048:
-   each rank's sharded parameters, gradients and optimizer state beside the shard arithmetic
-   (FSDP2 cuts dim 0 as ``torch.chunk`` does; each piece one storage, padded to the largest
-   piece), and the estimate's wall time.
+   each rank's sharded parameters, gradients (at their most, after the backward) and optimizer
+   state beside the shard arithmetic (FSDP2 cuts dim 0 as ``torch.chunk`` does; each piece one
+   storage, padded to the largest piece), and the estimate's wall time. The arithmetic is the
+   same on any device: ``--device cpu`` runs it where no GPU is.
 2. The Llama of about 1.5B parameters (bf16 autocast, AdamW, batch 4 x 1024 per rank) with
    DDP and FSDP2 over ``--world`` ranks (2 by default): estimated from a meta model, then measured by forked ranks of
    the same model with random weights (NCCL, one GPU each, where two GPUs are present; else
@@ -61,7 +62,7 @@ def shard_arithmetic(model: Any, world: int) -> int:
     return total
 
 
-def seventy(out: dict[str, Any]) -> None:
+def seventy(out: dict[str, Any], device: str = "cuda") -> None:
     import torch
 
     from jupyter_gpumem.techniques import Config
@@ -70,27 +71,44 @@ def seventy(out: dict[str, Any]) -> None:
     model = llama("70b", "meta")
     ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    trial = Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device="cuda")
+    trial = Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device=device)
     t0 = time.perf_counter()
     est = trial.estimate(config=Config(parallel="fsdp2", world_size=64))
     wall = time.perf_counter() - t0
     shard = shard_arithmetic(model, 64)
+    padded = shard_arithmetic(model, 64)  # every dimension here divides by 64: own = padded
+    steps = 4 * len(list(model.parameters())) if device == "cpu" else 0  # AdamW's step scalars
+    buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     out["70b"] = {
+        "device": device,
         "parameters": sum(p.numel() for p in model.parameters()),
         "estimate_s": wall,
         "reason": est.reason,
         "shard_bytes": shard,
+        "buffer_bytes": buffers,
         "ranks": [
-            {"rank": r.rank, "peak": r.peak_bytes, "breakdown": r.breakdown, "phase": r.phase}
+            {
+                "rank": r.rank,
+                "peak": r.peak_bytes,
+                "breakdown": r.breakdown,
+                "most": r.most_bytes,
+                "phase": r.phase,
+                # parameters: the pieces and the buffers; gradients at their most the pieces;
+                # AdamW's two states twice the pieces (and its step scalars, on the CPU)
+                "parameters_equal": (r.breakdown or {}).get("parameters") == padded + buffers,
+                "gradients_equal": (r.most_bytes or {}).get("gradients") == padded,
+                "optimizer_equal": (r.breakdown or {}).get("optimizer_state") == 2 * padded + steps,
+            }
             for r in est.ranks
         ],
         "verdict": est.verdict.line() if est.verdict else None,
     }
     r0 = est.ranks[0].breakdown or {}
+    most0 = est.ranks[0].most_bytes or {}
     print(
-        f"70B fsdp2 x64: {wall:.1f} s; rank 0 parameters {r0.get('parameters')} "
-        f"gradients {r0.get('gradients')} optimizer {r0.get('optimizer_state')}; "
-        f"shard arithmetic {shard} (x2 {2 * shard})",
+        f"70B fsdp2 x64 on {device}: {wall:.1f} s; rank 0 parameters {r0.get('parameters')} "
+        f"gradients at most {most0.get('gradients')} optimizer {r0.get('optimizer_state')}; "
+        f"shard arithmetic {shard} (x2 {2 * shard}), buffers {buffers}",
         flush=True,
     )
 
@@ -154,13 +172,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
     parser.add_argument("--skip-70b", action="store_true")
+    parser.add_argument("--only-70b", action="store_true")
+    parser.add_argument("--device", default="cuda", help="where the 70B estimate runs")
     parser.add_argument("--world", type=int, default=2, help="ranks of the 1.5B cases")
     args = parser.parse_args()
     out: dict[str, Any] = {}
     try:
         if not args.skip_70b:
-            seventy(out)
-        per_rank(out, args.world)
+            seventy(out, args.device)
+        if not args.only_70b:
+            per_rank(out, args.world)
     finally:
         args.output.write_text(json.dumps(out, indent=1, default=str))
 

@@ -175,7 +175,7 @@ def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
     torch.chunk cuts it. A parameter's piece is stored padded to ceil(rows / ranks) rows, its
     optimizer state is the piece's own rows (the last rank's are fewer: 1001 = 7 x 126 + 119).
     At the peak (in the backward, where the all-gathered layers are communication) gradients
-    are partly made."""
+    are partly made; at their most, after the backward, they are the padded pieces."""
     cfg = transformers.LlamaConfig(
         vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -210,6 +210,8 @@ def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
         assert rank.breakdown["parameters"] == padded + buffers
         assert rank.breakdown["optimizer_state"] == 2 * own + steps
         assert 0 < rank.breakdown["gradients"] <= padded
+        assert rank.most_bytes is not None and rank.most_bytes["gradients"] == padded
+        assert rank.most_bytes["optimizer_state"] == 2 * own + steps
     assert est.ranks[0].breakdown["optimizer_state"] > est.ranks[-1].breakdown["optimizer_state"]
     assert all(p.is_meta for p in model.parameters())
 

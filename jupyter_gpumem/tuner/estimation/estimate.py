@@ -43,6 +43,8 @@ class Estimate:
     # one estimate per rank for a parallel configuration (the worst rank's peak is peak_bytes)
     ranks: tuple[Estimate, ...] = field(default=(), compare=False, repr=False)
     verdict: Verdict | None = field(default=None, compare=False)  # on a card (GPU estimates)
+    # the most bytes of each category held at once in the measured steps, whenever the peak
+    most_bytes: dict[str, int] | None = None
 
     @property
     def total_bytes(self) -> int | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
@@ -43,6 +43,7 @@ class Peaks:
     breakdown: dict[str, int]
     phase: str | None
     resident_bytes: int | None  # on the device before the trial and not the trial's (GPU only)
+    most: dict[str, int] = field(default_factory=dict)  # see most_held
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,36 @@ def cpu_peaks(run: FakeRun) -> Peaks:
     return _peaks(run, result, events, start_blocks, tags, None)
 
 
+def most_held(run: FakeRun) -> dict[str, int]:
+    """The most bytes of each category held at once in the measured steps, whenever the peak.
+
+    A storage counts for every category it was ever tagged with; the bytes are its own, as
+    requested (FSDP2's gradients at the end of the backward are each rank's padded shards).
+    """
+    categories: dict[int, set[str]] = {}
+    for i, category in run.tags:
+        categories.setdefault(i, set()).add(category)
+    held: dict[str, int] = {}
+    live = set(run.live_at_window)
+    for i in live:
+        for category in categories.get(i, ()):
+            held[category] = held.get(category, 0) + run.sizes[i]
+    most = dict(held)
+    for action, i, _ in run.events[run.window :]:
+        if action == "alloc" and i not in live:
+            live.add(i)
+            sign = 1
+        elif action == "free" and i in live:
+            live.discard(i)
+            sign = -1
+        else:
+            continue
+        for category in categories.get(i, ()):
+            held[category] = held.get(category, 0) + sign * run.sizes[i]
+            most[category] = max(most.get(category, 0), held[category])
+    return most
+
+
 def _cpu_address(i: int) -> int:
     return (i + 1) * 512  # one address per storage: the exact replay needs no reuse
 
@@ -270,4 +301,5 @@ def _peaks(
         breakdown=breakdown,
         phase=phase,
         resident_bytes=resident,
+        most=most_held(run),
     )

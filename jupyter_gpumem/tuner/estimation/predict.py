@@ -133,6 +133,7 @@ def estimate_workload(
         peak_reserved_bytes=peaks.peak_reserved_bytes,
         breakdown=peaks.breakdown,
         phase=peaks.phase,
+        most_bytes=peaks.most,
         resident_bytes=peaks.resident_bytes,
         workspace_bytes=facts.workspace_bytes if facts else None,
         context_bytes=facts.context_bytes if facts else None,

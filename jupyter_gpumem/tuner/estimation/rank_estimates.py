@@ -138,6 +138,7 @@ def _ranks(
             peak_reserved_bytes=peaks.peak_reserved_bytes,
             breakdown=peaks.breakdown,
             phase=peaks.phase,
+            most_bytes=peaks.most,
             resident_bytes=0 if cuda else None,
             workspace_bytes=facts.workspace_bytes if facts else None,
             context_bytes=facts.context_bytes if facts else None,
