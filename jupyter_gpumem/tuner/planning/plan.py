@@ -63,8 +63,15 @@ from jupyter_gpumem.tuner.planning.reasoning import (
     why,
 )
 from jupyter_gpumem.tuner.planning.solver import BlockCost, PeakModel, calibrated, solve
+from jupyter_gpumem.tuner.planning.unmeasured import (
+    NO_WEIGHTS,
+    NOT_VERIFIED,
+    candidate_lines,
+    cheapest_fit,
+)
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Measures
+from jupyter_gpumem.tuner.workload import holds_no_weights
 from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
 
 __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
@@ -256,6 +263,10 @@ def plan(
     if "optimizer" in allowed and own is not None:
         same = SAME_ALGORITHM.get(own, ())
         optimizers += [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
+    if holds_no_weights(model):
+        return _plan_unmeasured(
+            trial, budget_bytes, headroom_bytes, precisions, optimizers, candidates, lines, say
+        )
     store = _store(trial, candidates)
 
     first = [Config(precision=p) for p in precisions] + [Config(optimizer=o) for o in optimizers]
@@ -369,6 +380,46 @@ def plan(
     )
 
 
+def _plan_unmeasured(
+    trial: Measures,
+    budget_bytes: int,
+    headroom_bytes: int,
+    precisions: list[str | None],
+    optimizers: list[str | None],
+    candidates: tuple[str, ...],
+    lines: list[str],
+    say: Progress,
+) -> Plan:
+    """:func:`plan` for a model that holds no weights (see :mod:`.unmeasured`)."""
+    reserve = round(SAFETY * budget_bytes) + max(0, headroom_bytes)
+    limit = budget_bytes - reserve
+    chosen, tried = cheapest_fit(trial.workload, limit, precisions, optimizers, candidates, say)
+    lines.append(NO_WEIGHTS)
+    lines.extend(candidate_lines(tried, candidates, limit))
+    if chosen is None:
+        lines.append(
+            f"Nothing estimated fits {format_bytes(limit)} (the budget less {format_bytes(reserve)} kept free)."
+        )
+        return Plan(budget_bytes, (), None, None, None, None, tuple(lines), False, candidates,
+                    trial=trial)  # fmt: skip
+    config = chosen.config(candidates)
+    lines.insert(2, f"Plan: {config}, estimated {format_bytes(chosen.peak_bytes or 0)}.")
+    if chosen.optimizer is not None:
+        lines.append(optimizer_note(chosen.optimizer, optimizer_name(trial.workload.optimizer)))
+    return Plan(
+        budget_bytes,
+        tuple(candidates[: chosen.blocks]),
+        chosen.precision,
+        chosen.optimizer,
+        chosen.peak_bytes,
+        None,
+        tuple(lines),
+        True,
+        candidates,
+        trial=trial,
+    )
+
+
 def _usable(r: TrialResult, what: str, left_out: list[str]) -> bool:
     if ok(r):
         return True
@@ -452,6 +503,9 @@ def fit_plan(
             trial, budget_bytes, techniques, allow=allow, headroom_bytes=headroom, progress=progress
         )
         if not result.fits:
+            break
+        if holds_no_weights(trial.workload.model):
+            result.reasoning = (*result.reasoning, NOT_VERIFIED)
             break
         say(f"verifying the plan: {result.config}")
         result.verify()
