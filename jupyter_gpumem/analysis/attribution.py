@@ -208,17 +208,24 @@ def cell_timeline(
 
 
 def _bands(marks: Sequence[PhaseMark], t0: int, end_s: float) -> tuple[PhaseBand, ...]:
-    bands = []
+    bands: list[PhaseBand] = []
     for i, mark in enumerate(marks):
         if mark.phase == "other":
             continue
         stop = marks[i + 1].time_us if i + 1 < len(marks) else t0 + int(end_s * 1e6)
-        bands.append(
-            PhaseBand(
-                max(0.0, (mark.time_us - t0) / 1e6),
-                max(0.0, (stop - t0) / 1e6),
-                mark.phase,
-                mark.step,
-            )
+        band = PhaseBand(
+            max(0.0, (mark.time_us - t0) / 1e6),
+            max(0.0, (stop - t0) / 1e6),
+            mark.phase,
+            mark.step,
         )
+        last = bands[-1] if bands else None
+        if last is not None and (last.phase, last.step, last.end_s) == (
+            band.phase,
+            band.step,
+            band.start_s,
+        ):  # a decode step's model call, then its logits' processing: one band
+            bands[-1] = PhaseBand(last.start_s, band.end_s, band.phase, band.step)
+        else:
+            bands.append(band)
     return tuple(bands)

@@ -9,7 +9,8 @@ happens in between:
   (what the namespace's models hold is tagged from their names when recording starts);
 - global optimizer step hooks: optimizer state, and the optimizer phase;
 - root calls without gradients: a KV cache given back or carried out (``kv_cache``), and
-  the ``prefill`` and ``decode`` phases (see :mod:`jupyter_gpumem.tracking.decoding`);
+  the ``prefill`` and ``decode`` phases (see :mod:`jupyter_gpumem.tracking.decoding`), each
+  lasting until the next call: generate's own work on a call's logits serves that step;
 - the module call each tag and allocation belongs to (see :mod:`jupyter_gpumem.tracking.scopes`).
 
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
@@ -224,6 +225,11 @@ class Tagger:
                     began = self.marks[self._root_mark]
                     step = self.decode.decode_steps if phase == "decode" else 0
                     self.marks[self._root_mark] = PhaseMark(began.time_us, phase, step)
+                    # what follows, up to the next call (the logits' processing, the next
+                    # token's sampling), belongs to the step it serves
+                    self._phase = phase
+                    self.marks.append(PhaseMark(_now_us(), phase, step))
+                    return
             self._mark("other")
 
     def _pack(self, t: Any) -> Any:

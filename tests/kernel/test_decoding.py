@@ -80,3 +80,18 @@ def test_a_training_forward_is_not_a_decode_step(ip: InteractiveShell) -> None:
     assert ip.run_cell(cell).success
     r = ip.user_ns["r"]
     assert r.breakdown["kv_cache"] == 0 and r.peak_phase in ("forward", "backward")
+
+
+def test_the_logits_processing_belongs_to_the_decode_step_it_serves(
+    shell: InteractiveShell,
+) -> None:
+    """With GPT-2's vocabulary and a one-token prompt, the peak falls after the last model call:
+    generate copies its logits to float32 and picks the token. That is the last decode step
+    (6 new tokens: 1 from the prefill, 5 decode steps), not work outside the generation."""
+    setup = SETUP.replace("vocab_size=100, ", "").replace("(4, 8)", "(4, 1)")
+    assert "vocab_size" not in setup and shell.run_cell(setup).success
+    assert shell.run_cell(GENERATE.format(new=6, extra="")).success
+    r = shell.user_ns["r"]
+    vocab_row = 4 * shell.user_ns["config"].vocab_size * 4  # a batch's float32 logits
+    assert (r.peak_phase, r.peak_step) == ("decode", 5)
+    assert r.breakdown["temporary"] >= 2 * vocab_row  # the logits and their float32 copy
