@@ -13,6 +13,8 @@ Known limitations:
     - A static cache reused by a second ``generate`` in the same cell makes its prefill
       read as a decode step (the cache object is the same).
     - Recurrent state fed back under ``no_grad`` (an RNN's hidden state) reads as a cache.
+    - A step lasts until the next model call: what the cell does after its last generation
+      step, until it calls a model again, reads as part of that step.
 """
 
 from __future__ import annotations
