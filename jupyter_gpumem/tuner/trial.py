@@ -117,7 +117,9 @@ class Trial:
 
         It keeps the training math (the optimizer's algorithm, fp32 master weights) unless
         ``allow`` names "optimizer" or "pure-bf16". See
-        :mod:`jupyter_gpumem.tuner.planning.plan`; ``plan.verify()`` measures it.
+        :mod:`jupyter_gpumem.tuner.planning.plan`; ``plan.verify()`` measures it. For a model
+        on the meta device: the fewest changes estimated to fit, step times unknown
+        (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
         """
         return plan(self, budget, techniques, allow=allow)
 
