@@ -278,13 +278,47 @@ def _tensors_in(value: Any, torch: Any) -> Iterator[tuple[str, Any, Any]]:
         yield "", None, value
         if value.is_leaf and value.grad is not None:
             yield ".grad", None, value.grad
+    elif _is_cache(value):
+        yield from _cache_tensors(value, "", torch)
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):
             if isinstance(item, torch.Tensor):
                 yield "[{}]", i, item
+            elif _is_cache(item):
+                yield from _cache_tensors(item, f"[{i}]", torch)
     elif isinstance(value, dict):
         for i, (key, item) in enumerate(value.items()):
             if i >= MAX_CONTAINER_ITEMS:
                 break
             if isinstance(item, torch.Tensor):
                 yield "[{!r}]", key, item
+            elif _is_cache(item):
+                # a generate output (a ModelOutput) reads as attributes: out.past_key_values
+                named = isinstance(key, str) and getattr(value, key, None) is item
+                path = f".{key}" if named else f"[{key!r}]"
+                yield from _cache_tensors(item, path.replace("{", "{{").replace("}", "}}"), torch)
+
+
+def _is_cache(value: Any) -> bool:
+    """A transformers ``Cache`` (only where transformers is imported already)."""
+    kind = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    return kind is not None and isinstance(value, kind)
+
+
+def _cache_tensors(cache: Any, path: str, torch: Any) -> Iterator[tuple[str, Any, Any]]:
+    """A KV cache's tensors, layer by layer: ``.layers[i].keys`` (transformers >= 4.56), else
+    ``.key_cache[i]`` and ``.value_cache[i]``."""
+    layers = getattr(cache, "layers", None)
+    if isinstance(layers, list):
+        for i, layer in enumerate(layers[:MAX_CONTAINER_ITEMS]):
+            for attr in ("keys", "values"):
+                t = getattr(layer, attr, None)
+                if isinstance(t, torch.Tensor):
+                    yield f"{path}.layers[{{}}].{attr}", i, t
+        return
+    for attr in ("key_cache", "value_cache"):
+        held = getattr(cache, attr, None)
+        if isinstance(held, list):
+            for i, t in enumerate(held[:MAX_CONTAINER_ITEMS]):
+                if isinstance(t, torch.Tensor):
+                    yield f"{path}.{attr}[{{}}]", i, t

@@ -95,3 +95,27 @@ def test_the_logits_processing_belongs_to_the_decode_step_it_serves(
     vocab_row = 4 * shell.user_ns["config"].vocab_size * 4  # a batch's float32 logits
     assert (r.peak_phase, r.peak_step) == ("decode", 5)
     assert r.breakdown["temporary"] >= 2 * vocab_row  # the logits and their float32 copy
+
+
+@pytest.mark.parametrize("extra", ["", ', cache_implementation="static"'])
+def test_a_cache_held_by_an_output_is_named_layer_by_layer(
+    ip: InteractiveShell, extra: str
+) -> None:
+    """What a later cell finds held from a generate, by the output or by a variable of its own."""
+    from jupyter_gpumem.tracking.namespace import walk
+
+    assert ip.run_cell(GENERATE.format(new=5, extra=extra)).success
+    cache = ip.user_ns["out"].past_key_values
+    held = {"out": ip.user_ns["out"], "kv": cache, "pair": (1, cache)}
+    names: dict[int, list[str]] = {}
+    for t, name, _ in walk(held):
+        names.setdefault(id(t), []).append(name)
+    attr = next(k for k, v in ip.user_ns["out"].items() if v is cache)
+    for i, layer in enumerate(cache.layers):
+        for kind in ("keys", "values"):
+            t = getattr(layer, kind)
+            assert names[id(t)] == [
+                f"out.{attr}.layers[{i}].{kind}",
+                f"kv.layers[{i}].{kind}",
+                f"pair[1].layers[{i}].{kind}",
+            ]
