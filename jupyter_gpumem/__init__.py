@@ -13,6 +13,7 @@ from jupyter_gpumem.version import __version__
 __all__ = [
     "Trial",
     "__version__",
+    "estimate_generate",
     "history",
     "load_ipython_extension",
     "load_reports",
@@ -110,11 +111,15 @@ def tune(
 
 
 def __getattr__(name: str) -> Any:
-    """``jupyter_gpumem.Trial`` without importing torch at package import."""
+    """``jupyter_gpumem.Trial`` and ``estimate_generate`` without importing torch at package import."""
     if name == "Trial":
         from jupyter_gpumem.tuner.trial import Trial
 
         return Trial
+    if name == "estimate_generate":
+        from jupyter_gpumem.tuner.estimation.generation import estimate_generate
+
+        return estimate_generate
     raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")
 
 

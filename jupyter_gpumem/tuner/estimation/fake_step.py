@@ -79,7 +79,7 @@ class FakeRun:
 
 
 @functools.cache
-def _recording_mode() -> type:
+def recording_mode() -> type:
     """The dispatch mode class, defined on first use so that importing needs no torch."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
@@ -155,7 +155,7 @@ def run_fake(
         }
         run_batch = None if make_batch is not None else fake_batch(torch, batch, faker)
         faker.done()
-        recording = _recording_mode()(log)
+        recording = recording_mode()(log)
         applied = None
         storage_resizes.listen(torch, log.resized)
         try:
@@ -177,7 +177,7 @@ def run_fake(
         except Unfakeable:
             raise
         except Exception as exc:
-            raise Unfakeable(_reason(exc)) from exc
+            raise Unfakeable(reason(exc)) from exc
         finally:
             log.recording = False
             storage_resizes.unlisten(torch, log.resized)
@@ -269,7 +269,7 @@ def _compiled(torch: Any, model: Any) -> str | None:
     return None
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """Why a step failed on fake tensors, in the user's terms."""
     from torch._subclasses import fake_tensor as ft
 

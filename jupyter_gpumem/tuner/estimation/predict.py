@@ -90,7 +90,7 @@ def estimate_workload(
     target = None if gpu is None else cards.card(gpu)
     if target is not None and device.type != "cuda":
         raise ValueError(f"gpu={gpu!r} names a CUDA card, but the trial's device is {device}")
-    missing = _no_cuda(torch, device)
+    missing = cuda_unusable(torch, device)
     if missing is None and target is not None and not target.bf16 and _uses_bf16(workload, config):
         missing = f"the {target.name} has no bfloat16 support; choose fp16-autocast or fp32"
     if missing is not None:
@@ -154,7 +154,7 @@ def _uses_bf16(workload: Workload, config: Config) -> bool:
     return any(p.dtype == torch.bfloat16 for p in workload.model.parameters())
 
 
-def _no_cuda(torch: Any, device: Any) -> str | None:
+def cuda_unusable(torch: Any, device: Any) -> str | None:
     """Why a CUDA estimate cannot run in this process, if it cannot.
 
     Fake CUDA tensors need a torch built with CUDA (no GPU is needed to build them): on a

@@ -10,7 +10,8 @@ the real step makes them:
 - position ids that the model made itself (an ``arange``) hold one sequence per row, so they
   call for no packed-sequence mask;
 - the causal mask is skipped for a query as long as its keys, or of one token, without padding,
-  whatever the fake offset of the cache.
+  whatever the fake offset of the cache (and, for a prompt made without padding, whatever its
+  fake attention mask).
 
 Known limitations:
 - Decisions that read the values of the batch are left to transformers, which takes the masked
@@ -30,11 +31,13 @@ from jupyter_gpumem.tuner.estimation.storage_log import fake_class
 
 
 @contextmanager
-def untraced(batch_storages: Callable[[], set[int]]) -> Iterator[None]:
+def untraced(batch_storages: Callable[[], set[int]], *, unpadded: bool = False) -> Iterator[None]:
     """transformers' mask decisions as in the real step, for the duration of a fake run.
 
     ``batch_storages()`` gives the storages of the user's batch (``_cdata``): their values are
     the user's, unknown here, so decisions on them and their views stay transformers' own.
+    With ``unpadded``, the run's attention masks are known to hold no padding (a prompt made
+    for the run): a fake padding mask decides as no padding does.
     """
     masking = sys.modules.get("transformers.masking_utils")  # never imported for this
     fake: Any = fake_class()
@@ -48,6 +51,8 @@ def untraced(batch_storages: Callable[[], set[int]]) -> Iterator[None]:
                 return original(**given)
 
             def causal(original: Callable[..., Any], given: dict[str, Any]) -> Any:
+                if unpadded and isinstance(given["padding_mask"], fake):
+                    given["padding_mask"] = None  # all ones: the same decision as none
                 if (
                     given["padding_mask"] is None
                     and isinstance(given["q_offset"], fake)

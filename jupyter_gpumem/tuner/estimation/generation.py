@@ -1,0 +1,289 @@
+"""Will it run? The peak of a ``generate`` call, weights included, predicted on fake tensors.
+
+The model's own ``generate`` runs, its parameters and buffers swapped for fakes (a meta model is
+enough), on a prompt of ``batch_size x prompt_tokens`` token ids with an attention mask of ones,
+as a tokenizer gives them, made where it would run. Where ``generate`` reads a value that fakes
+do not have, it reads what a prompt without padding gives (the mask and what is made of it are
+followed as all ones; any other read is false), and no sequence ends early: every sequence
+takes ``max_new_tokens`` steps, the most memory the call can take. The model's calls
+mark the ``prefill`` and ``decode`` phases, each lasting until the next call, and the cache the
+call returns is ``kv_cache``.
+
+Known limitations:
+- Decoding strategies that read scores to decide (beam search's early stopping, assisted
+  decoding) are answered as above and may take other branches than a real call.
+- Cache copies made while the cache grows are ``temporary``; only the returned cache is
+  ``kv_cache``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from jupyter_gpumem.held.tensor_walk import Walker
+from jupyter_gpumem.tracking.decoding import CACHE_BUDGET
+from jupyter_gpumem.tracking.devices import cuda_present
+from jupyter_gpumem.tuner.estimation import cards, fake_peaks
+from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
+from jupyter_gpumem.tuner.estimation.fake_objects import Faker, swapped
+from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode
+from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
+from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.tuner.estimation.untraced import untraced
+from jupyter_gpumem.tuner.rng import rng_kept
+
+__all__ = ["estimate_generate"]
+
+
+def estimate_generate(
+    model: Any,
+    *,
+    batch_size: int,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    device: Any = None,
+    gpu: str | None = None,
+    **generate_kwargs: Any,
+) -> Estimate:
+    """The peak of ``model.generate(...)`` for this batch, prompt and output, on ``device``.
+
+    ``device`` is where it would run (the GPU present, else the CPU); ``gpu`` names a card to
+    judge the verdict on (see :mod:`.cards`). ``generate_kwargs`` go to ``generate`` as given
+    (``cache_implementation="static"``, ``do_sample=True``, ...). Nothing runs on the device.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    for name, value in (
+        ("batch_size", batch_size),
+        ("prompt_tokens", prompt_tokens),
+        ("max_new_tokens", max_new_tokens),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} is a whole number from 1 up, got {value!r}")
+    if not callable(getattr(model, "generate", None)):
+        raise TypeError(f"estimate_generate() takes a model with .generate(), got {type(model)}")
+    for taken in ("input_ids", "attention_mask", "max_new_tokens", "max_length"):
+        if taken in generate_kwargs:
+            raise ValueError(f"{taken} comes from batch_size, prompt_tokens and max_new_tokens")
+    device = torch.device(device or ("cuda" if cuda_present(torch) else "cpu"))
+    label = f"generate: {batch_size} x {prompt_tokens} tokens + {max_new_tokens} new"
+    from jupyter_gpumem.techniques import Config
+
+    target = None if gpu is None else cards.card(gpu)
+    missing = cuda_unusable(torch, device)
+    if target is not None and device.type != "cuda":
+        raise ValueError(f"gpu={gpu!r} names a CUDA card, but the device is {device}")
+    if missing is not None:
+        return _labelled(unavailable(Config(), device, missing, batch_size, t0), label)
+    facts = fake_peaks.device_facts(torch, device) if device.type == "cuda" else None
+    try:
+        run = _run(torch, model, device, batch_size, prompt_tokens, max_new_tokens, generate_kwargs)
+    except Unfakeable as exc:
+        return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
+    if facts is not None:
+        segments, foreign = fake_peaks.start_layout(torch, device, ())
+        peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+    else:
+        peaks = fake_peaks.cpu_peaks(run)
+    found = Estimate(
+        label=label,
+        device=str(device),
+        peak_bytes=peaks.peak_bytes,
+        peak_reserved_bytes=peaks.peak_reserved_bytes,
+        breakdown=peaks.breakdown,
+        phase=peaks.phase,
+        resident_bytes=peaks.resident_bytes,
+        workspace_bytes=facts.workspace_bytes if facts else None,
+        context_bytes=facts.context_bytes if facts else None,
+        device_total_bytes=facts.total_bytes if facts else None,
+        wall_s=time.perf_counter() - t0,
+        batch_size=batch_size,
+        most_bytes=peaks.most,
+    )
+    return on_card(found, facts, target) if facts is not None else found
+
+
+def _labelled(found: Estimate, label: str) -> Estimate:
+    from dataclasses import replace
+
+    return replace(found, label=label)
+
+
+def _run(
+    torch: Any,
+    model: Any,
+    device: Any,
+    batch_size: int,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    kwargs: dict[str, Any],
+) -> FakeRun:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    log = StorageLog(torch, device, mode)
+    faker = Faker(torch, log, meta_to=device)
+    calls = [0]
+
+    def mark(module: Any, args: Any) -> None:  # each call starts a step that lasts until the next
+        log.step = calls[0]
+        log.mark("decode" if calls[0] else "prefill")
+        calls[0] += 1
+
+    with rng_kept(torch), mode, swapped(torch, model, faker):
+        ids = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
+        mask = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
+        faker.done()
+        start = tuple(sorted(log.live().values()))
+        prompt = {ids.untyped_storage()._cdata, mask.untyped_storage()._cdata}
+        handle = model.register_forward_pre_hook(mark)
+        try:
+            with (
+                recording_mode()(log),
+                _answered([mask]),
+                _steps(max_new_tokens),
+                untraced(lambda: prompt, unpadded=True),
+                torch.no_grad(),
+            ):
+                log.recording = True
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    return_dict_in_generate=True,
+                    **kwargs,
+                )
+                log.recording = False
+                cache = getattr(out, "past_key_values", None)
+                for t in tensors_in([_cache_tensors(cache, torch)], torch.Tensor, []):
+                    log.tag(t, "kv_cache")
+                del out, cache
+        except Unfakeable:
+            raise
+        except Exception as exc:
+            raise Unfakeable(reason(exc)) from exc
+        finally:
+            log.recording = False
+            handle.remove()
+    return FakeRun(
+        device=str(device),
+        sizes=tuple(log.sizes),
+        real=dict(log.real),
+        existing=tuple(log.existing),
+        events=tuple(log.events),
+        window=0,
+        window_clock=0,
+        live_at_window=start,
+        reachable=frozenset(start),
+        tags=tuple(log.tags),
+        marks=tuple(log.marks),
+        loading=dict(log.loading),
+    )
+
+
+def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
+    """Every tensor a transformers cache holds: keys, values and their counters."""
+    if cache is None:
+        return []
+    found: list[Any] = []
+    Walker(torch, graphs=False, budget=CACHE_BUDGET, on_tensor=found.append).walk(cache)
+    return found
+
+
+# ops whose output is all ones (or all true) where their tensor inputs are
+_KEEPS_ONES = frozenset(
+    {
+        "aten.alias.default", "aten.slice.Tensor", "aten.select.int", "aten.view.default",
+        "aten.unsqueeze.default", "aten.expand.default", "aten._to_copy.default",
+        "aten.clone.default", "aten.cat.default", "aten.all.default", "aten.all.dim",
+        "aten.any.default", "aten.any.dim", "aten.detach.default", "aten.contiguous.default",
+    }
+)  # fmt: skip
+_MAKES_ONES = frozenset({"aten.ones.default", "aten.new_ones.default", "aten.ones_like.default"})
+
+
+@functools.cache
+def _answering_mode() -> type:
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Answered(TorchDispatchMode):
+        """A value read answers as for a prompt without padding.
+
+        The prompt's attention mask is all ones, and so is what is cut, cast or joined from
+        it and from new ones, and ``== 1`` of it: a read of such a tensor is true (one), and
+        any other read is false (zero).
+        """
+
+        def __init__(self, ones: list[Any]) -> None:
+            super().__init__()
+            self._ones: dict[int, weakref.ref[Any]] = {}  # by id: tensors compare by value
+            for t in ones:
+                self._add(t)
+
+        def _add(self, t: Any) -> None:
+            self._ones[id(t)] = weakref.ref(t)
+
+        def _known(self, t: Any) -> bool:
+            ref = self._ones.get(id(t))
+            return ref is not None and ref() is t
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._local_scalar_dense.default:
+                known = self._known(args[0])
+                return known if args[0].dtype == torch.bool else int(known)
+            out = func(*args, **kwargs)
+            name = str(func)
+            inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            ones = name in _MAKES_ONES or (
+                name in _KEEPS_ONES and bool(inputs) and all(self._known(t) for t in inputs)
+            )
+            if name == "aten.eq.Scalar" and self._known(args[0]) and args[1] == 1:
+                ones = True
+            if ones:
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        self._add(t)
+            return out
+
+    return _Answered
+
+
+@contextmanager
+def _answered(ones: list[Any]) -> Iterator[None]:
+    with _answering_mode()(ones):
+        yield
+
+
+@contextmanager
+def _steps(max_new_tokens: int) -> Iterator[None]:
+    """generate's loop runs ``max_new_tokens`` steps: no sequence ends early."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.__dict__.get("_has_unfinished_sequences")
+    if original is None:
+        raise Unfakeable("this transformers' generate has no _has_unfinished_sequences to count by")
+    left = [max_new_tokens]
+
+    def has_unfinished(self: Any, *args: Any, **kwargs: Any) -> bool:
+        left[0] -= 1
+        return left[0] >= 0
+
+    GenerationMixin._has_unfinished_sequences = has_unfinished  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GenerationMixin._has_unfinished_sequences = original  # type: ignore[method-assign]

@@ -1,0 +1,78 @@
+"""Will it run? ``estimate_generate`` from a meta model beside a real ``generate`` cell measured
+on the CPU: the same peak to the byte, the same phase and step, nothing materialised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+pytest.importorskip("transformers")
+
+SETUP = """
+import torch, transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(n_layer=2, n_embd=64, n_head=2, bos_token_id=0, eos_token_id=0)
+model = GPT2LMHeadModel(config).eval()
+with torch.device("meta"):
+    meta = GPT2LMHeadModel(config).eval()
+"""
+
+
+@pytest.mark.parametrize(
+    ("batch", "prompt", "new", "extra"),
+    [
+        (4, 8, 6, {}),
+        (2, 16, 10, {"cache_implementation": "static"}),
+        (3, 5, 4, {"do_sample": True}),
+    ],
+)
+def test_the_estimate_is_the_measured_peak_to_the_byte(
+    shell: InteractiveShell, batch: int, prompt: int, new: int, extra: dict[str, Any]
+) -> None:
+    from jupyter_gpumem import estimate_generate
+
+    assert shell.run_cell(SETUP).success
+    meta = shell.user_ns["meta"]
+    # min_new_tokens: a random model may pick the end token; the estimate takes every step
+    kwargs = {"pad_token_id": 0, "min_new_tokens": new, **extra}
+    est = estimate_generate(
+        meta, batch_size=batch, prompt_tokens=prompt, max_new_tokens=new, device="cpu", **kwargs
+    )
+    assert est.peak_bytes is not None, est.reason
+    assert all(p.is_meta for p in meta.parameters())
+    shell.user_ns.update(kwargs=kwargs, new=new)
+    prompts = f"ids = torch.randint(1, 100, ({batch}, {prompt})); mask = torch.ones_like(ids)"
+    assert shell.run_cell(prompts).success
+    run = "out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, **kwargs)"
+    assert shell.run_cell(f"%%gpumem -o r --quiet\n{run}").success
+    r = shell.user_ns["r"]
+    assert shell.user_ns["out"].shape == (batch, prompt + new)
+    assert est.peak_bytes == r.peak_allocated_bytes
+    assert (est.phase, r.peak_phase, r.peak_step) == ("decode", "decode", new - 1)
+    assert est.breakdown is not None and est.breakdown["kv_cache"] == r.breakdown["kv_cache"]
+    assert est.breakdown["parameters"] == r.breakdown["parameters"]
+    assert est.label == f"generate: {batch} x {prompt} tokens + {new} new"
+
+
+def test_what_it_takes_and_what_it_refuses() -> None:
+    import torch
+    import transformers
+
+    from jupyter_gpumem import estimate_generate
+
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    sizes = {"batch_size": 1, "prompt_tokens": 4, "max_new_tokens": 2}
+    with pytest.raises(ValueError, match="batch_size is a whole number from 1 up, got 0"):
+        estimate_generate(meta, **{**sizes, "batch_size": 0})
+    with pytest.raises(ValueError, match="max_length comes from"):
+        estimate_generate(meta, **sizes, max_length=9)
+    with pytest.raises(TypeError, match=r"with \.generate\(\)"):
+        estimate_generate(torch.nn.Linear(2, 2), **sizes)
+    if not torch.backends.cuda.is_built():  # never an abort: a reason, with what to install
+        est = estimate_generate(meta, **sizes, device="cuda")
+        assert est.peak_bytes is None and "built without CUDA" in (est.reason or "")
