@@ -17,6 +17,7 @@ __all__ = [
     "history",
     "load_ipython_extension",
     "load_reports",
+    "max_generate_batch",
     "record",
     "set_history_limit",
     "track",
@@ -111,15 +112,15 @@ def tune(
 
 
 def __getattr__(name: str) -> Any:
-    """``jupyter_gpumem.Trial`` and ``estimate_generate`` without importing torch at package import."""
+    """``Trial``, ``estimate_generate`` and ``max_generate_batch`` without importing torch first."""
     if name == "Trial":
         from jupyter_gpumem.tuner.trial import Trial
 
         return Trial
-    if name == "estimate_generate":
-        from jupyter_gpumem.tuner.estimation.generation import estimate_generate
+    if name in ("estimate_generate", "max_generate_batch"):
+        from jupyter_gpumem.tuner.estimation import generation
 
-        return estimate_generate
+        return getattr(generation, name)
     raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")
 
 

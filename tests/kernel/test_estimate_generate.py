@@ -76,3 +76,31 @@ def test_what_it_takes_and_what_it_refuses() -> None:
     if not torch.backends.cuda.is_built():  # never an abort: a reason, with what to install
         est = estimate_generate(meta, **sizes, device="cuda")
         assert est.peak_bytes is None and "built without CUDA" in (est.reason or "")
+
+
+def test_the_largest_batch_runs_within_the_budget_and_one_more_does_not(
+    shell: InteractiveShell,
+) -> None:
+    from jupyter_gpumem import estimate_generate, max_generate_batch
+
+    assert shell.run_cell(SETUP).success
+    meta = shell.user_ns["meta"]
+    kwargs = {"pad_token_id": 0, "min_new_tokens": 6}
+    one = estimate_generate(
+        meta, batch_size=1, prompt_tokens=8, max_new_tokens=6, device="cpu", **kwargs
+    )
+    assert one.peak_bytes is not None and one.breakdown is not None
+    budget = one.peak_bytes + 6 * (one.peak_bytes - one.breakdown["parameters"])
+    found = max_generate_batch(
+        meta, budget, prompt_tokens=8, max_new_tokens=6, device="cpu", **kwargs
+    )
+    assert found.batch_size > 1 and found.above is not None and len(found.tried) <= 8
+    measured = {}
+    for n in (found.batch_size, found.batch_size + 1):  # measured, as a user runs it
+        shell.user_ns.update(kwargs=kwargs, n=n)
+        cell = "ids = torch.randint(1, 100, (n, 8))\nout = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, **kwargs)"
+        assert shell.run_cell(f"%%gpumem -o r --quiet\n{cell}").success
+        shell.run_cell("del out")
+        measured[n] = shell.user_ns["r"].peak_allocated_bytes
+    assert measured[found.batch_size] <= budget < measured[found.batch_size + 1]
+    assert found.estimate is not None and found.estimate.batch_size == found.batch_size

@@ -28,17 +28,24 @@ from jupyter_gpumem.held.tensor_walk import Walker
 from jupyter_gpumem.tracking.decoding import CACHE_BUDGET
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, fake_peaks
-from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
+from jupyter_gpumem.tuner.estimation.estimate import (
+    BatchSearch,
+    Estimate,
+    EstimateUnavailable,
+    unavailable,
+)
 from jupyter_gpumem.tuner.estimation.fake_objects import Faker, swapped
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
+from jupyter_gpumem.tuner.estimation.search import largest_fitting
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
+from jupyter_gpumem.units import parse_size
 
-__all__ = ["estimate_generate"]
+__all__ = ["estimate_generate", "max_generate_batch"]
 
 
 def estimate_generate(
@@ -108,6 +115,54 @@ def estimate_generate(
         most_bytes=peaks.most,
     )
     return on_card(found, facts, target) if facts is not None else found
+
+
+def max_generate_batch(
+    model: Any,
+    budget: int | str,
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    low: int = 1,
+    high: int | None = None,
+    device: Any = None,
+    **generate_kwargs: Any,
+) -> BatchSearch:
+    """The largest batch whose ``generate`` (this prompt, this output) is estimated within ``budget``.
+
+    ``budget`` is bytes or a size such as ``"20GiB"``; the peak compared is the allocated
+    one, as ``torch.cuda.max_memory_allocated()`` reads it. Raises
+    :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
+    """
+    try:
+        budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}") from None
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise ValueError(
+            f"budget is a number of bytes above 0 or a size like '20GiB', got {budget!r}"
+        )
+    t0 = time.perf_counter()
+    made: dict[int, Estimate] = {}
+
+    def peak(n: int) -> int:
+        made[n] = estimate_generate(
+            model,
+            batch_size=n,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            device=device,
+            **generate_kwargs,
+        )
+        if made[n].peak_bytes is None:
+            raise EstimateUnavailable(f"batch size {n} cannot be estimated: {made[n].reason}")
+        return made[n].peak_bytes or 0
+
+    size = largest_fitting(peak, budget_bytes, low, high, "batch size")
+    tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
+    return BatchSearch(
+        size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
+    )
 
 
 def _labelled(found: Estimate, label: str) -> Estimate:

@@ -27,7 +27,6 @@ Known limitations:
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,12 +42,12 @@ from jupyter_gpumem.tuner.estimation.estimate import (
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
+from jupyter_gpumem.tuner.estimation.search import largest_fitting
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
-from jupyter_gpumem.units import format_bytes, parse_size
+from jupyter_gpumem.units import parse_size
 
 _SETTINGS = ("checkpoint", "every", "precision", "optimizer", "parallel", "world_size")
-_LARGEST = 1 << 20  # batch sizes searched without a high bound
 
 
 def config_of(settings: Mapping[str, Any]) -> Config:
@@ -264,45 +263,4 @@ def max_batch_size(
             size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
         )
 
-    lo, hi = low, high
-    if peak(lo) > budget_bytes:
-        warnings.warn(
-            f"even batch size {low} is estimated at {format_bytes(made[low].peak_bytes)}, over "
-            f"the budget of {format_bytes(budget_bytes)}",
-            stacklevel=3,
-        )
-        return result(low - 1)
-    if hi is not None:
-        if peak(hi) <= budget_bytes:
-            return result(hi)
-    while hi is None:  # grow past the budget
-        if lo >= _LARGEST:
-            warnings.warn(
-                f"batch size {lo} still fits the budget; the search stops there (pass high=)",
-                stacklevel=3,
-            )
-            return result(lo)
-        below = sorted(n for n in made if made[n].peak_bytes is not None and n <= lo)
-        guess = 2 * lo
-        if len(below) >= 2:
-            guess = _crossing(below[-2], peak(below[-2]), lo, peak(lo), budget_bytes) + 1
-        guess = max(lo + 1, min(guess, 8 * lo))
-        if peak(guess) <= budget_bytes:
-            lo = guess
-        else:
-            hi = guess
-    while hi - lo > 1:
-        guess = _crossing(lo, peak(lo), hi, peak(hi), budget_bytes)
-        guess = max(lo + 1, min(guess, hi - 1))
-        if peak(guess) <= budget_bytes:
-            lo = guess
-        else:
-            hi = guess
-    return result(lo)
-
-
-def _crossing(n0: int, p0: int, n1: int, p1: int, budget: int) -> int:
-    """The largest n on the line through (n0, p0) and (n1, p1) at or under ``budget``."""
-    if p1 <= p0:
-        return n1 * 2
-    return n0 + int((budget - p0) * (n1 - n0) // (p1 - p0))
+    return result(largest_fitting(peak, budget_bytes, low, high, "batch size"))
