@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from jupyter_gpumem.held.tensor_walk import Walker
-from jupyter_gpumem.tracking.decoding import CACHE_BUDGET
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import (
@@ -216,7 +214,8 @@ def _run(
                     **kwargs,
                 )
                 log.recording = False
-                cache = getattr(out, "past_key_values", None)
+                # the returned cache, by its key (reading the old name warns in transformers 5)
+                cache = next((out[k] for k in ("cache", "past_key_values") if k in out), None)
                 for t in tensors_in([_cache_tensors(cache, torch)], torch.Tensor, []):
                     log.tag(t, "kv_cache")
                 del out, cache
@@ -244,11 +243,16 @@ def _run(
 
 
 def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
-    """Every tensor a transformers cache holds: keys, values and their counters."""
+    """Every tensor a transformers cache holds, itself or in its layers (keys, values and their
+    counters), read from their attributes: fake storages have no addresses to walk by."""
     if cache is None:
         return []
+    holders = [cache, *(getattr(cache, "layers", None) or ())]
     found: list[Any] = []
-    Walker(torch, graphs=False, budget=CACHE_BUDGET, on_tensor=found.append).walk(cache)
+    for holder in holders:
+        for value in vars(holder).values():
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            found.extend(t for t in items if isinstance(t, torch.Tensor))
     return found
 
 
