@@ -186,6 +186,25 @@ class BatchSearch:
     wall_s: float
 
 
+def from_peaks(peaks: Any, facts: Any, *, t0: float, **fields: Any) -> Estimate:
+    """The estimate of a fake run's ``peaks`` (:class:`.fake_peaks.Peaks`) on a device with
+    ``facts`` (:class:`.fake_peaks.DeviceFacts`; None on the CPU), timed from ``t0``; ``fields``
+    give the rest (``label``, ``device``, ...), ``resident_bytes`` over the peaks' own."""
+    fields.setdefault("resident_bytes", peaks.resident_bytes)
+    return Estimate(
+        peak_bytes=peaks.peak_bytes,
+        peak_reserved_bytes=peaks.peak_reserved_bytes,
+        breakdown=peaks.breakdown,
+        phase=peaks.phase,
+        most_bytes=peaks.most,
+        workspace_bytes=facts.workspace_bytes if facts else None,
+        context_bytes=facts.context_bytes if facts else None,
+        device_total_bytes=facts.total_bytes if facts else None,
+        wall_s=time.perf_counter() - t0,
+        **fields,
+    )
+
+
 def unavailable(
     config: Config, device: Any, reason: str, batch_size: int | None, t0: float
 ) -> Estimate:

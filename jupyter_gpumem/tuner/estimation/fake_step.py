@@ -183,6 +183,14 @@ def run_fake(
             storage_resizes.unlisten(torch, log.resized)
             if applied is not None:
                 applied.revert()
+    return run_of(log, device, window)
+
+
+def run_of(
+    log: StorageLog, device: Any, window: tuple[int, int, tuple[int, ...], frozenset[int]]
+) -> FakeRun:
+    """What ``log`` recorded, measured from ``window``: (first event, its clock, the storages
+    alive then, those of them the model, optimizer and batch hold)."""
     return FakeRun(
         device=str(device),
         sizes=tuple(log.sizes),

@@ -30,18 +30,18 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
     EstimateUnavailable,
+    from_peaks,
     unavailable,
 )
 from jupyter_gpumem.tuner.estimation.fake_objects import Faker, swapped
-from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode
+from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode, run_of
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
-from jupyter_gpumem.tuner.estimation.search import largest_fitting
+from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
-from jupyter_gpumem.units import parse_size
 
 __all__ = ["estimate_generate", "max_generate_batch"]
 
@@ -97,21 +97,7 @@ def estimate_generate(
         peaks = fake_peaks.cuda_peaks(run, segments, foreign)
     else:
         peaks = fake_peaks.cpu_peaks(run)
-    found = Estimate(
-        label=label,
-        device=str(device),
-        peak_bytes=peaks.peak_bytes,
-        peak_reserved_bytes=peaks.peak_reserved_bytes,
-        breakdown=peaks.breakdown,
-        phase=peaks.phase,
-        resident_bytes=peaks.resident_bytes,
-        workspace_bytes=facts.workspace_bytes if facts else None,
-        context_bytes=facts.context_bytes if facts else None,
-        device_total_bytes=facts.total_bytes if facts else None,
-        wall_s=time.perf_counter() - t0,
-        batch_size=batch_size,
-        most_bytes=peaks.most,
-    )
+    found = from_peaks(peaks, facts, label=label, device=str(device), t0=t0, batch_size=batch_size)
     return on_card(found, facts, target) if facts is not None else found
 
 
@@ -132,14 +118,7 @@ def max_generate_batch(
     one, as ``torch.cuda.max_memory_allocated()`` reads it. Raises
     :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
     """
-    try:
-        budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
-    except ValueError as exc:
-        raise ValueError(f"budget: {exc}") from None
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise ValueError(
-            f"budget is a number of bytes above 0 or a size like '20GiB', got {budget!r}"
-        )
+    budget_bytes = budget_of(budget)
     t0 = time.perf_counter()
     made: dict[int, Estimate] = {}
 
@@ -226,20 +205,7 @@ def _run(
         finally:
             log.recording = False
             handle.remove()
-    return FakeRun(
-        device=str(device),
-        sizes=tuple(log.sizes),
-        real=dict(log.real),
-        existing=tuple(log.existing),
-        events=tuple(log.events),
-        window=0,
-        window_clock=0,
-        live_at_window=start,
-        reachable=frozenset(start),
-        tags=tuple(log.tags),
-        marks=tuple(log.marks),
-        loading=dict(log.loading),
-    )
+    return run_of(log, device, (0, 0, start, frozenset(start)))
 
 
 def _cache_tensors(cache: Any, torch: Any) -> list[Any]:

@@ -37,15 +37,15 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
     EstimateUnavailable,
+    from_peaks,
     unavailable,
 )
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
-from jupyter_gpumem.tuner.estimation.search import largest_fitting
+from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
-from jupyter_gpumem.units import parse_size
 
 _SETTINGS = ("checkpoint", "every", "precision", "optimizer", "parallel", "world_size")
 
@@ -125,19 +125,12 @@ def estimate_workload(
         notes.extend(fake_peaks.allocator_notes())
     else:
         peaks = fake_peaks.cpu_peaks(run)
-    found = Estimate(
+    found = from_peaks(
+        peaks,
+        facts,
         label=str(config),
         device=str(device),
-        peak_bytes=peaks.peak_bytes,
-        peak_reserved_bytes=peaks.peak_reserved_bytes,
-        breakdown=peaks.breakdown,
-        phase=peaks.phase,
-        most_bytes=peaks.most,
-        resident_bytes=peaks.resident_bytes,
-        workspace_bytes=facts.workspace_bytes if facts else None,
-        context_bytes=facts.context_bytes if facts else None,
-        device_total_bytes=facts.total_bytes if facts else None,
-        wall_s=time.perf_counter() - t0,
+        t0=t0,
         batch_size=batch_size,
         notes=tuple(notes),
         config=config,
@@ -226,14 +219,7 @@ def max_batch_size(
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
     a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
     """
-    try:
-        budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
-    except ValueError as exc:
-        raise ValueError(f"budget: {exc}") from None
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise ValueError(
-            f"budget must be a positive number of bytes or a size like '20GiB', got {budget!r}"
-        )
+    budget_bytes = budget_of(budget)
     if not callable(make_batch):
         raise TypeError("make_batch must be a callable make_batch(n) -> a batch of n samples")
     for name, value in (("low", low), ("high", high)):

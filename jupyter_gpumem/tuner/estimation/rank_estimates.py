@@ -31,7 +31,7 @@ from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.ranks import stop_inherited
 from jupyter_gpumem.tuner.estimation import fake_peaks
 from jupyter_gpumem.tuner.estimation.cards import Card
-from jupyter_gpumem.tuner.estimation.estimate import Estimate, unavailable
+from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
@@ -131,19 +131,13 @@ def _ranks(
                 notes.append(NO_WORKSPACES)
         else:
             peaks = fake_peaks.cpu_peaks(run)
-        found = Estimate(
+        found = from_peaks(
+            peaks,
+            facts,
             label=str(config),
             device=str(device),
-            peak_bytes=peaks.peak_bytes,
-            peak_reserved_bytes=peaks.peak_reserved_bytes,
-            breakdown=peaks.breakdown,
-            phase=peaks.phase,
-            most_bytes=peaks.most,
+            t0=t0,
             resident_bytes=0 if cuda else None,
-            workspace_bytes=facts.workspace_bytes if facts else None,
-            context_bytes=facts.context_bytes if facts else None,
-            device_total_bytes=facts.total_bytes if facts else None,
-            wall_s=time.perf_counter() - t0,
             batch_size=batch_size,
             notes=tuple(notes),
             config=config,

@@ -5,9 +5,22 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from jupyter_gpumem.units import format_bytes
+from jupyter_gpumem.units import format_bytes, parse_size
 
 LARGEST = 1 << 20  # sizes searched without a high bound
+
+
+def budget_of(budget: int | str) -> int:
+    """``budget`` in bytes; ValueError saying what is allowed."""
+    try:
+        found = parse_size(budget) if isinstance(budget, str) else budget
+    except ValueError as exc:
+        raise ValueError(f"budget: {exc}") from None
+    if isinstance(found, bool) or not isinstance(found, int) or found <= 0:
+        raise ValueError(
+            f"budget must be a positive number of bytes or a size like '20GiB', got {budget!r}"
+        )
+    return found
 
 
 def largest_fitting(
