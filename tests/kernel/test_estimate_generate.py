@@ -26,8 +26,10 @@ with torch.device("meta"):
     ("batch", "prompt", "new", "extra"),
     [
         (4, 8, 6, {}),
+        (2, 16, 24, {}),  # the steps between the first and last ones skipped
         (2, 16, 10, {"cache_implementation": "static"}),
         (3, 5, 4, {"do_sample": True}),
+        (3, 5, 12, {"do_sample": True, "top_k": 5, "repetition_penalty": 1.2}),
     ],
 )
 def test_the_estimate_is_the_measured_peak_to_the_byte(
@@ -104,3 +106,34 @@ def test_the_largest_batch_runs_within_the_budget_and_one_more_does_not(
         measured[n] = shell.user_ns["r"].peak_allocated_bytes
     assert measured[found.batch_size] <= budget < measured[found.batch_size + 1]
     assert found.estimate is not None and found.estimate.batch_size == found.batch_size
+
+
+@pytest.mark.parametrize(
+    ("extra", "calls"),
+    [({}, 4), ({"cache_implementation": "static"}, 40), ({"output_scores": True}, 40)],
+)
+def test_only_a_growing_cache_skips_the_middle_steps(extra: dict[str, Any], calls: int) -> None:
+    """A dynamic cache's last steps take the most, so the ones between are not run; a cache
+    made ahead (static) or anything kept per step (scores) is run step by step."""
+    import torch
+    import transformers
+
+    from jupyter_gpumem import estimate_generate
+    from jupyter_gpumem.tuner.estimation.generation import FIRST_STEPS, LAST_STEPS
+
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, bos_token_id=0, eos_token_id=0)
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(config).eval()
+    seen: list[int] = []
+    meta.register_forward_pre_hook(lambda module, args, kwargs: seen.append(1), with_kwargs=True)
+    est = estimate_generate(
+        meta,
+        batch_size=2,
+        prompt_tokens=4,
+        max_new_tokens=40,
+        device="cpu",
+        pad_token_id=0,
+        **extra,
+    )
+    assert est.peak_bytes is not None, est.reason
+    assert len(seen) == (FIRST_STEPS + LAST_STEPS if calls == 4 else calls)

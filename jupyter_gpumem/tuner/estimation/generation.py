@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -148,6 +149,16 @@ def _labelled(found: Estimate, label: str) -> Estimate:
     return replace(found, label=label)
 
 
+# With a cache that grows by concatenation, each decode step takes more than the one before
+# it, so the first steps and the last ones hold the call's peak: the steps between are skipped.
+FIRST_STEPS = 2  # the prefill and the first decode step, run as the call runs them
+LAST_STEPS = 2  # the last decode steps, run on a cache filled to their length
+# what makes a step's memory depend on more than its cache's length: kept step by step
+_STEP_BY_STEP = ("num_beams", "num_beam_groups", "penalty_alpha", "assistant_model",
+                 "prompt_lookup_num_tokens", "output_scores", "output_logits",
+                 "output_attentions", "output_hidden_states", "past_key_values", "cache")  # fmt: skip
+
+
 def _run(
     torch: Any,
     model: Any,
@@ -169,6 +180,7 @@ def _run(
         log.mark("decode" if calls[0] else "prefill")
         calls[0] += 1
 
+    skipping = max_new_tokens > FIRST_STEPS + LAST_STEPS and _grows_by_cat(model, kwargs)
     with rng_kept(torch), mode, swapped(torch, model, faker):
         ids = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
         mask = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
@@ -180,24 +192,30 @@ def _run(
             with (
                 recording_mode()(log),
                 _answered([mask]),
-                _steps(max_new_tokens),
                 untraced(lambda: prompt, unpadded=True),
                 torch.no_grad(),
             ):
                 log.recording = True
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=max_new_tokens,
-                    return_dict_in_generate=True,
-                    **kwargs,
-                )
+                first = FIRST_STEPS if skipping else max_new_tokens
+                key, layers = _generate(torch, model, log, ids, mask, first, kwargs)
+                if skipping:
+                    if layers is None:
+                        raise Unfakeable("the cache generate made does not grow by concatenation")
+                    # the last steps' prompt: the tokens so far, a view of the prompt's memory
+                    # (the call holds the tokens it was given, the prompt, not the ones made)
+                    seen = prompt_tokens + max_new_tokens - LAST_STEPS
+                    cache = _filled(torch, layers, seen - 1, model)
+                    calls[0] = max_new_tokens - LAST_STEPS
+                    tail = {**kwargs, key: cache}
+                    del cache, layers
+                    with _positions_of(mask):
+                        _generate(
+                            torch, model, log,
+                            ids[:, :1].expand(batch_size, seen), mask[:, :1].expand(batch_size, seen),
+                            LAST_STEPS, tail,
+                        )  # fmt: skip
+                    del tail
                 log.recording = False
-                # the returned cache, by its key (reading the old name warns in transformers 5)
-                cache = next((out[k] for k in ("cache", "past_key_values") if k in out), None)
-                for t in tensors_in([_cache_tensors(cache, torch)], torch.Tensor, []):
-                    log.tag(t, "kv_cache")
-                del out, cache
         except Unfakeable:
             raise
         except Exception as exc:
@@ -206,6 +224,113 @@ def _run(
             log.recording = False
             handle.remove()
     return run_of(log, device, (0, 0, start, frozenset(start)))
+
+
+def _generate(
+    torch: Any, model: Any, log: StorageLog, ids: Any, mask: Any, steps: int, kwargs: dict[str, Any]
+) -> tuple[str, list[tuple[Any, Any, Any]] | None]:
+    """One ``generate`` of ``steps`` new tokens; its cache is tagged ``kv_cache``. Returns the
+    cache's key in the output, and its layers' (shape, dtype, device) where every layer is a
+    plain growing one (None otherwise)."""
+    with _steps(steps), warnings.catch_warnings():
+        # min_new_tokens past the first steps' end, as the real call's are not
+        warnings.filterwarnings("ignore", "Unfeasible length constraints", UserWarning)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=steps,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+    # the returned cache, by its key (reading the old name warns in transformers 5)
+    key = next((k for k in ("cache", "past_key_values") if k in out), "past_key_values")
+    cache = out.get(key)
+    for t in tensors_in([_cache_tensors(cache, torch)], torch.Tensor, []):
+        log.tag(t, "kv_cache")
+    return key, _growing_layers(cache)
+
+
+@contextmanager
+def _positions_of(mask: Any) -> Iterator[None]:
+    """generate's position ids made from the prompt's mask, as the call made them when it began
+    (it keeps them to the end), shaped as the longer prompt of the last steps."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.__dict__.get("_prepare_position_ids_for_generation")
+    if original is None:  # a transformers that makes them step by step
+        yield
+        return
+
+    def prepare(self: Any, inputs: Any, model_kwargs: dict[str, Any]) -> Any:
+        given = {**model_kwargs, "attention_mask": mask} if "attention_mask" in model_kwargs else {}
+        made = original(self, inputs[..., : mask.shape[-1]], given or model_kwargs)
+        return made[..., :1].expand(*made.shape[:-1], inputs.shape[-1])
+
+    GenerationMixin._prepare_position_ids_for_generation = prepare  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        GenerationMixin._prepare_position_ids_for_generation = original  # type: ignore[attr-defined]
+
+
+def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether this call's cache will be transformers' dynamic cache of plain growing layers,
+    and nothing else a step keeps grows with the steps (beams, scores, assistants)."""
+    config = getattr(model, "generation_config", None)
+
+    def setting(name: str) -> Any:
+        return kwargs[name] if name in kwargs else getattr(config, name, None)
+
+    def plain(value: Any) -> bool:  # off, or one beam
+        return value is None or value is False or (type(value) is int and value == 1)
+
+    if not all(plain(setting(name)) for name in _STEP_BY_STEP):
+        return False
+    if setting("cache_implementation") not in (None, "dynamic") or setting("use_cache") is False:
+        return False
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        supports = model._supports_default_dynamic_cache()
+        layers = DynamicCache(config=model.config.get_text_config(decoder=True)).layers
+    except Exception:  # an older transformers, or a model that brings its own cache
+        return False
+    return bool(supports) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _growing_layers(cache: Any) -> list[tuple[Any, Any, Any]] | None:
+    """Each layer's (keys' shape, dtype, device) of a dynamic cache of plain growing layers."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return None
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    found = []
+    for layer in cache.layers:
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or keys.shape != values.shape:
+            return None
+        found.append((tuple(keys.shape), keys.dtype, keys.device))
+    return found
+
+
+def _filled(torch: Any, layers: list[tuple[Any, Any, Any]], length: int, model: Any) -> Any:
+    """A dynamic cache holding ``length`` tokens in every layer, as generate's own would."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    for i, (shape, dtype, device) in enumerate(layers):
+        full = (*shape[:-2], length, shape[-1])
+        keys = torch.zeros(full, dtype=dtype, device=device)
+        values = torch.zeros(full, dtype=dtype, device=device)
+        cache.layers[i].update(keys, values)
+        del keys, values
+    return cache
 
 
 def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
