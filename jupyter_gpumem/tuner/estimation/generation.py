@@ -266,11 +266,11 @@ def _positions_of(mask: Any) -> Iterator[None]:
         made = original(self, inputs[..., : mask.shape[-1]], given or model_kwargs)
         return made[..., :1].expand(*made.shape[:-1], inputs.shape[-1])
 
-    GenerationMixin._prepare_position_ids_for_generation = prepare  # type: ignore[attr-defined]
+    GenerationMixin._prepare_position_ids_for_generation = prepare  # type: ignore[method-assign]
     try:
         yield
     finally:
-        GenerationMixin._prepare_position_ids_for_generation = original  # type: ignore[attr-defined]
+        GenerationMixin._prepare_position_ids_for_generation = original  # type: ignore[method-assign]
 
 
 def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
@@ -311,6 +311,7 @@ def _growing_layers(cache: Any) -> list[tuple[Any, Any, Any]] | None:
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     found = []
+    layer: Any
     for layer in cache.layers:
         keys, values = layer.keys, layer.values
         if keys is None or values is None or keys.shape != values.shape:
@@ -324,11 +325,12 @@ def _filled(torch: Any, layers: list[tuple[Any, Any, Any]], length: int, model: 
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    made: list[Any] = list(cache.layers)
     for i, (shape, dtype, device) in enumerate(layers):
         full = (*shape[:-2], length, shape[-1])
         keys = torch.zeros(full, dtype=dtype, device=device)
         values = torch.zeros(full, dtype=dtype, device=device)
-        cache.layers[i].update(keys, values)
+        made[i].update(keys, values)
         del keys, values
     return cache
 
