@@ -14,10 +14,12 @@ __all__ = [
     "Trial",
     "__version__",
     "estimate_generate",
+    "generate_map",
     "history",
     "load_ipython_extension",
     "load_reports",
     "max_generate_batch",
+    "max_generate_context",
     "record",
     "set_history_limit",
     "track",
@@ -112,7 +114,7 @@ def tune(
 
 
 def __getattr__(name: str) -> Any:
-    """``Trial``, ``estimate_generate`` and ``max_generate_batch`` without importing torch first."""
+    """``Trial`` and the ``generate`` what-ifs without importing torch first."""
     if name == "Trial":
         from jupyter_gpumem.tuner.trial import Trial
 
@@ -121,6 +123,10 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpumem.tuner.estimation import generation
 
         return getattr(generation, name)
+    if name in ("max_generate_context", "generate_map"):
+        from jupyter_gpumem.tuner.estimation import generate_map
+
+        return getattr(generate_map, name)
     raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")
 
 

@@ -45,6 +45,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.rank_estimates",),
     ("tuner.estimation.predict",),
     ("tuner.estimation.generation", "tuner.estimation"),
+    ("tuner.estimation.generate_map",),
     ("tuner.results",),
     ("tuner.saved_state",),
     ("tuner.steps",),
