@@ -128,12 +128,14 @@ def categorize(
                 category = unclaimed(block.address, request, origin)
         out[category] += request
         out[ALLOCATOR_SLACK] += block.size - request
+        if category == "other" and residue is not None and block.address in named:
+            residue.add_held(named[block.address].name, request)
         if modules is not None:
             if scope == OUTSIDE and block.event_index >= 0:
                 scope = modules.scope_at(events[block.event_index].time_us)
             modules.add(scope, category, request)
     if held:
-        _categorize_held(held, standing, scoped, library, residue, modules, out)
+        _categorize_held(held, standing, scoped, library, residue, modules, out, named)
     return out
 
 
@@ -145,6 +147,7 @@ def _categorize_held(
     residue: Residue | None,
     modules: ModuleTally | None,
     out: dict[str, int],
+    named: Mapping[int, NamedStorage],
 ) -> None:
     """Add the allocated blocks of segments no event touched to ``out``, as the per-block
     rule does, at a cost that grows with the named storages, not with the blocks.
@@ -171,6 +174,8 @@ def _categorize_held(
         request = block.request
         out[category] += request
         unclaimed[i] -= request
+        if category == "other" and residue is not None and address in named:
+            residue.add_held(named[address].name, request)
         if not pooled[i]:
             claimed_requests[request] = claimed_requests.get(request, 0) + 1
         if modules is not None and address in scoped:

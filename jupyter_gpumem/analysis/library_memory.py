@@ -63,12 +63,28 @@ class Residue:
 
     library: dict[str, int] = field(default_factory=dict)  # "cuBLAS workspace" -> bytes
     unattributed: dict[str, int] = field(default_factory=dict)  # reason -> bytes
+    # what holds the ``other`` bytes the namespace names: holder -> (bytes, tensors)
+    held: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add_library(self, name: str, nbytes: int) -> None:
         self.library[name] = self.library.get(name, 0) + nbytes
 
+    def add_held(self, name: str, nbytes: int) -> None:
+        """A named tensor counted as ``other``, under what holds it (:func:`holder_of`)."""
+        holder = holder_of(name)
+        total, count = self.held.get(holder, (0, 0))
+        self.held[holder] = (total + nbytes, count + 1)
+
     def add_unattributed(self, reason: str, nbytes: int) -> None:
         self.unattributed[reason] = self.unattributed.get(reason, 0) + nbytes
+
+
+def holder_of(name: str) -> str:
+    """The variable or attribute that holds a named tensor: its name up to the first index,
+    a cache's layers taken together (``out.past_key_values.layers[3].keys`` is held by
+    ``out.past_key_values``, ``xs[4]`` by ``xs``)."""
+    holder = name.split("[", 1)[0]
+    return holder.removesuffix(".layers") if holder != name else name
 
 
 def category_of(name: str) -> str:

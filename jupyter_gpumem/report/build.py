@@ -179,18 +179,28 @@ def _device_attribution(
     )
 
 
+HELD_SHOWN = 3  # the holders of ``other`` bytes a note names
 UNATTRIBUTED_NOTE_SHARE = 0.02  # above this share of the peak, say why bytes are unattributed
 BETWEEN_WINDOWS = "the peak came between the detailed steps, where blocks are not followed"
 
 
 def residue_notes(found: Attribution, peak: int) -> list[str]:
-    """What the library buffers at the peak are, and, when the unattributed bytes are more
-    than 2% of the peak, what kind of allocations they are."""
+    """What the library buffers at the peak are, what holds the ``other`` bytes, and, when the
+    unattributed bytes are more than 2% of the peak, what kind of allocations they are."""
     out = []
     library = found.residue.library
     if library:
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in _largest(library))
         out.append(f"library buffers at the peak: {parts}")
+    held = found.residue.held
+    if held:
+        largest = sorted(held.items(), key=lambda item: -item[1][0])[:HELD_SHOWN]
+        parts = ", ".join(
+            f"{name} {format_bytes(n)}" + (f" ({count} tensors)" if count > 1 else "")
+            for name, (n, count) in largest
+        )
+        more = len(held) - len(largest)
+        out.append(f"other at the peak, held by: {parts}" + (f" and {more} more" if more else ""))
     unattributed = found.breakdown.get("unattributed", 0) if found.breakdown else 0
     if peak > 0 and unattributed > UNATTRIBUTED_NOTE_SHARE * peak:
         why = found.residue.unattributed
@@ -258,6 +268,8 @@ def _cpu_device(
             "to follow the rest, which is taken to repeat it: the figures after the cell "
             "and the tensors it left alive are read at its end, and the timeline joins the two"
         )
+    if rec.tags:
+        notes.extend(residue_notes(found, replay.peak_allocated))
     note = "cpu: " + "; ".join(notes) if notes else None
     report = DeviceReport(
         device="cpu",

@@ -119,3 +119,19 @@ def test_a_cache_held_by_an_output_is_named_layer_by_layer(
                 f"kv.layers[{i}].{kind}",
                 f"pair[1].layers[{i}].{kind}",
             ]
+
+
+def test_a_cache_held_from_an_earlier_generate_is_named_at_the_peak(ip: InteractiveShell) -> None:
+    """A second generate while the first one's output still holds its cache: those bytes are
+    ``other``, and the report says what holds them."""
+    assert ip.run_cell(GENERATE.format(new=5, extra="")).success
+    assert ip.run_cell("first = out").success
+    assert ip.run_cell(GENERATE.format(new=5, extra="")).success
+    r = ip.user_ns["r"]
+    cache = ip.user_ns["first"].past_key_values
+    attr = next(k for k, v in ip.user_ns["first"].items() if v is cache)
+    total, _ = cache_bytes(cache)
+    assert r.breakdown["other"] >= total
+    held = next(n for n in r.notes if "other at the peak, held by: " in n)
+    assert f"first.{attr} " in held and f"({2 * len(cache.layers)} tensors)" in held, held
+    assert r.breakdown["unattributed"] == 0
