@@ -24,7 +24,7 @@ from jupyter_gpumem.units import SIZE_HELP, parse_size
 
 CELL_USAGE = (
     "%%gpumem [-h] [-o VAR] [--name LABEL] [--device N|all] [--budget SIZE] [--snapshot PATH] "
-    "[--top N] [--no-trace] [--quiet]"
+    "[--top N] [--estimate VAR] [--no-trace] [--quiet]"
 )
 CELL_HELP = f"""Track the memory of a cell: exact peak allocated/reserved per device.
 
@@ -37,6 +37,8 @@ usage: {CELL_USAGE}
   --budget SIZE    warn when the peak exceeds SIZE (512MiB, 16GiB, 2.5GB, bytes; at least 1 B)
   --snapshot PATH  write the allocator snapshot pickle to the file PATH
   --top N          list the N largest tensors the cell left alive (default 10)
+  --estimate VAR   set the estimate in VAR (estimate_generate, Trial.estimate) beside the
+                   measured peak: "estimated X, measured Y (error Z%)"
   --no-trace       exact peaks from the counters only (the cheapest mode)
   --quiet          show nothing; the report is still stored
 
@@ -46,7 +48,7 @@ Values are quoted as in a shell (--name "two words"); --opt=VALUE also works.
 # to answer --help from here (the magic runs the cell whenever parse_options returns).
 HELP_SHOWN = f"help for %%gpumem (the cell was not run)\n\n{CELL_HELP}"
 
-_VALUED = ("-o", "--name", "--device", "--budget", "--snapshot", "--top")
+_VALUED = ("-o", "--name", "--device", "--budget", "--snapshot", "--top", "--estimate")
 _FLAGS = ("--no-trace", "--quiet")
 _HELP = ("-h", "--help")
 # Names IPython keeps in the user namespace; binding a report to one breaks the next cell.
@@ -67,6 +69,7 @@ class Options:
     measuring: MeasureOptions = field(default_factory=MeasureOptions)
     output: str | None = None  # the variable that receives the report
     quiet: bool = False
+    estimate: str | None = None  # the variable holding the estimate the report is set beside
 
 
 def split_words(line: str, usage: str) -> list[str]:
@@ -118,7 +121,12 @@ def parse_options(line: str, *, reserved: Collection[str] = ()) -> Options:
         top=10 if top is None else _top(top),
         recording=recording,
     )
-    return Options(measuring, output=output, quiet="--quiet" in given)
+    estimate = given.get("--estimate")
+    if estimate is not None and not estimate.isidentifier():
+        raise UsageError(
+            f"--estimate takes the name of a variable holding an estimate, got {estimate!r}"
+        )
+    return Options(measuring, output=output, quiet="--quiet" in given, estimate=estimate)
 
 
 def check_variable(name: str, reserved: Collection[str] = ()) -> None:
@@ -181,6 +189,7 @@ _EXAMPLES = {
     "--budget": "--budget 16GiB",
     "--snapshot": "--snapshot cell.pickle",
     "--top": "--top 20",
+    "--estimate": "--estimate est",
 }
 
 

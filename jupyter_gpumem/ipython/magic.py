@@ -64,6 +64,7 @@ class GpuMemMagics(Magics):
         assert shell is not None
         opts = parse_options(line, reserved=shell.user_ns_hidden)
         self._check_devices(opts)
+        expected = _estimate_in(shell, opts.estimate)
         running = cell_run.running_cell(shell, cell)
         # awaited as the cell itself, or by a body that awaits a nested run_cell_magic
         awaited = running.awaited if running is not None else cell_run.result_awaited()
@@ -79,7 +80,7 @@ class GpuMemMagics(Magics):
             coro = self._failed(running, prepared)
         else:
             _import_torch_first(body.tree)
-            coro = self._tracked(opts, body, running, count)
+            coro = self._tracked(opts, body, running, count, expected)
         if awaited:
             return coro  # the cell reads `await get_ipython().run_cell_magic(...)`
         return cell_run.run_now(shell, coro, body is not None and body.needs_async)
@@ -95,7 +96,12 @@ class GpuMemMagics(Magics):
         cell_run.fail(self.shell, running, outcome)
 
     async def _tracked(
-        self, opts: Options, body: cell_run.Body, running: cell_run.RunningCell | None, count: int
+        self,
+        opts: Options,
+        body: cell_run.Body,
+        running: cell_run.RunningCell | None,
+        count: int,
+        expected: Any = None,
     ) -> None:
         """Track exactly the body's statements; report, then fail the cell as the body did."""
         __tracebackhide__ = True
@@ -124,16 +130,24 @@ class GpuMemMagics(Magics):
                 raise
             finally:
                 error = outcome.error if outcome.error is not None else escaped
-                self._finish(measurement, opts, error)
+                self._finish(measurement, opts, error, expected)
         finally:
             measurement.close()  # already done, unless a Ctrl-C cut the report short
         cell_run.fail(shell, running, outcome)
 
     @pausing  # the analysis and its display: see jupyter_gpumem.gc_pause
-    def _finish(self, measurement: Measurement, opts: Options, error: BaseException | None) -> None:
+    def _finish(
+        self,
+        measurement: Measurement,
+        opts: Options,
+        error: BaseException | None,
+        expected: Any = None,
+    ) -> None:
         report = measurement.finish(error)
         if report is None:
             return
+        if expected is not None:
+            report = beside(report, expected)
         missing = _missing_device(opts)
         if missing is not None:
             warnings.warn(f"{missing}; nothing was reported for it", stacklevel=2)
@@ -173,6 +187,40 @@ class GpuMemMagics(Magics):
 
         print(release(self.shell))
         return None
+
+
+def _estimate_in(shell: InteractiveShell, name: str | None) -> Any:
+    """The estimate ``--estimate`` names, or UsageError saying what the variable must hold."""
+    if name is None:
+        return None
+    found = shell.user_ns.get(name)
+    if not callable(getattr(found, "against", None)) or not hasattr(found, "peak_bytes"):
+        held = (
+            "no such variable"
+            if name not in shell.user_ns
+            else f"it holds a {type(found).__name__}"
+        )
+        raise UsageError(
+            f"--estimate {name}: {held}; give the variable holding an estimate "
+            "(from estimate_generate, Trial.estimate or estimate_generate's searches)"
+        )
+    return found
+
+
+def beside(report: Report, expected: Any) -> Report:
+    """The report with a note setting ``expected``'s peak beside the measured one."""
+    from dataclasses import replace
+
+    main = report.main
+    measured = None if main is None else main.peak_allocated_bytes
+    line = expected.against(measured)
+    if (
+        main is not None
+        and expected.device
+        and expected.device.split(":")[0] != main.device.split(":")[0]
+    ):
+        line += f" (estimated on {expected.device}, measured on {main.device})"
+    return replace(report, notes=(*report.notes, line))
 
 
 def _monitor(words: list[str]) -> Any:

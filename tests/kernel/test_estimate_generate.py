@@ -137,3 +137,33 @@ def test_only_a_growing_cache_skips_the_middle_steps(extra: dict[str, Any], call
     )
     assert est.peak_bytes is not None, est.reason
     assert len(seen) == (FIRST_STEPS + LAST_STEPS if calls == 4 else calls)
+
+
+def test_a_generate_cell_carries_its_estimate(shell: InteractiveShell) -> None:
+    """``%%gpumem --estimate est``: the report sets the estimate beside what it measured."""
+    from IPython.core.error import UsageError
+
+    from jupyter_gpumem.units import format_bytes
+
+    assert shell.run_cell(SETUP).success
+    cell = (
+        "from jupyter_gpumem import estimate_generate\n"
+        "est = estimate_generate(meta, batch_size=2, prompt_tokens=8, max_new_tokens=6,"
+        " device='cpu', pad_token_id=0, min_new_tokens=6)\n"
+        "ids = torch.randint(1, 100, (2, 8))"
+    )
+    assert shell.run_cell(cell).success
+    run = (
+        "%%gpumem -o r --quiet --estimate est\n"
+        "out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),"
+        " max_new_tokens=6, pad_token_id=0, min_new_tokens=6)"
+    )
+    assert shell.run_cell(run).success
+    r, est = shell.user_ns["r"], shell.user_ns["est"]
+    assert r.peak_allocated_bytes == est.peak_bytes
+    peak = format_bytes(est.peak_bytes)
+    assert f"estimated {peak}, measured {peak} (error +0.0%)" in r.notes
+    for given, says in (("nothing", "no such variable"), ("ids", "it holds a Tensor")):
+        with pytest.raises(UsageError, match=f"--estimate {given}: {says}; give the variable"):
+            shell.run_cell_magic("gpumem", f"--estimate {given}", "x = 1")
+    assert "x" not in shell.user_ns  # the cell did not run
