@@ -75,6 +75,14 @@ def test_what_it_takes_and_what_it_refuses() -> None:
         estimate_generate(meta, **sizes, max_length=9)
     with pytest.raises(TypeError, match=r"with \.generate\(\)"):
         estimate_generate(torch.nn.Linear(2, 2), **sizes)
+    compiled = transformers.CompileConfig()
+    compiled._compile_all_devices = True  # as generate compiles a static cache's calls on CUDA
+    static = {"cache_implementation": "static", "compile_config": compiled, "pad_token_id": 0}
+    est = estimate_generate(meta, **sizes, device="cpu", **static)
+    assert est.peak_bytes is None and "estimate and run it with disable_compile=True" in (
+        est.reason or ""
+    )
+    assert estimate_generate(meta, **sizes, device="cpu", disable_compile=True, **static).peak_bytes
     if not torch.backends.cuda.is_built():  # never an abort: a reason, with what to install
         est = estimate_generate(meta, **sizes, device="cuda")
         assert est.peak_bytes is None and "built without CUDA" in (est.reason or "")

@@ -232,7 +232,7 @@ def _generate(
     """One ``generate`` of ``steps`` new tokens; its cache is tagged ``kv_cache``. Returns the
     cache's key in the output, and its layers' (shape, dtype, device) where every layer is a
     plain growing one (None otherwise)."""
-    with _steps(steps), warnings.catch_warnings():
+    with _steps(steps), _eager(), warnings.catch_warnings():
         # min_new_tokens past the first steps' end, as the real call's are not
         warnings.filterwarnings("ignore", "Unfeasible length constraints", UserWarning)
         out = model.generate(
@@ -418,6 +418,34 @@ def _answering_mode() -> type:
 def _answered(ones: list[Any]) -> Iterator[None]:
     with _answering_mode()(ones):
         yield
+
+
+COMPILED = (
+    "generate compiles the model's forward for this cache on this device (CUDA graphs), whose "
+    "memory fake tensors do not model; estimate and run it with disable_compile=True"
+)
+
+
+@contextmanager
+def _eager() -> Iterator[None]:
+    """A call that generate would compile gives the reason instead of an eager estimate."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.__dict__.get("_valid_auto_compile_criteria")
+    if original is None:  # a transformers that never compiles on its own
+        yield
+        return
+
+    def criteria(self: Any, *args: Any, **kwargs: Any) -> bool:
+        if original(self, *args, **kwargs):
+            raise Unfakeable(COMPILED)
+        return False
+
+    GenerationMixin._valid_auto_compile_criteria = criteria  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GenerationMixin._valid_auto_compile_criteria = original  # type: ignore[method-assign]
 
 
 @contextmanager
