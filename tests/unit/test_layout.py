@@ -45,6 +45,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.rank_estimates",),
     ("tuner.estimation.predict",),
     ("tuner.estimation.generation", "tuner.estimation"),
+    # A widget below the widgets' floor: GenerateMap.chart() draws the map with it.
+    ("widgets.generate_chart",),
     ("tuner.estimation.generate_map",),
     ("tuner.results",),
     ("tuner.saved_state",),

@@ -131,6 +131,12 @@ class GenerateMap:
     def __repr__(self) -> str:
         return self.text()
 
+    def chart(self) -> Any:
+        """The map as a bqplot chart in an ipywidgets VBox (both needed only here)."""
+        from jupyter_gpumem.widgets.generate_chart import GenerateChart
+
+        return GenerateChart(self).widget
+
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{c}</th>" for c in self.contexts)
         rows = []
