@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.checkpointing import Checkpointing, checkpoint_targets
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, Config
 from jupyter_gpumem.techniques.optimizers import ParkedState, build_optimizer
@@ -73,9 +74,17 @@ class Applied:
             return contextlib.nullcontext()
         return self._precision.autocast()
 
+    def micro_batches(self, batch: Any) -> list[Any]:
+        """The batch as the step's micro-batches: itself, or ``accumulate`` equal views of it."""
+        self._check_active("micro_batches")
+        return micro_batches(batch, self.config.accumulate)
+
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, through the GradScaler for fp16-autocast."""
+        """``loss.backward()`` (divided by ``accumulate``: one micro-batch's share), through
+        the GradScaler for fp16-autocast."""
         self._check_active("backward")
+        if self.config.accumulate > 1:
+            loss = loss / self.config.accumulate
         scaler = self._precision.scaler if self._precision is not None else None
         if scaler is None:
             loss.backward()

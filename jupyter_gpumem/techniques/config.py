@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from jupyter_gpumem.techniques.accumulation import check_accumulate
+
 PRECISIONS = ("fp32", "tf32", "fp16-autocast", "bf16-autocast", "bf16")
 OPTIMIZERS = (
     "sgd",
@@ -109,6 +111,7 @@ class Config:
     optimizer: str | None = None  # one of OPTIMIZERS (None = keep the user's)
     parallel: str | None = None  # one of PARALLELS (None = one process)
     world_size: int = 1  # with parallel: the number of ranks
+    accumulate: int = 1  # micro-batches per optimizer step (see techniques.accumulation)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
@@ -116,6 +119,7 @@ class Config:
         check_precision(self.precision)
         check_optimizer(self.optimizer)
         check_parallel(self.parallel, self.world_size)
+        check_accumulate(self.accumulate)
 
     @property
     def single(self) -> Config:
@@ -140,6 +144,8 @@ class Config:
             parts.append(self.precision)
         if self.optimizer is not None:
             parts.append(self.optimizer)
+        if self.accumulate > 1:
+            parts.append(f"accumulate {self.accumulate}")
         if self.parallel is not None:
             parts.append(f"{self.parallel} × {self.world_size}")  # noqa: RUF001  # a label
         return " · ".join(parts) if parts else "baseline"

@@ -82,9 +82,10 @@ def _phase(
 def _timed_step(workload: Workload, applied: Applied) -> float:
     _sync(workload.device)
     t0 = time.perf_counter()
-    with applied.autocast():
-        loss = workload.loss_fn(applied.model, workload.batch)
-    applied.backward(loss)
+    for micro in applied.micro_batches(workload.batch):
+        with applied.autocast():
+            loss = workload.loss_fn(applied.model, micro)
+        applied.backward(loss)
     applied.step()  # the loss stays alive through the step, as in a usual training loop
     _sync(workload.device)
     return time.perf_counter() - t0

@@ -136,6 +136,8 @@ CONFIGS = [
     Config(precision="bf16-autocast"),
     Config(precision="bf16"),
     Config(optimizer="sgd-momentum"),
+    Config(accumulate=2),
+    Config(checkpoint="blocks", accumulate=4),
 ]
 
 

@@ -242,13 +242,14 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
         log.tag(t, "activations")
         return t
 
-    log.mark("forward")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), applied.autocast():
-        loss = loss_fn(applied.model, batch)
-    log.mark("backward")
-    applied.backward(loss)
-    for p in applied.model.parameters():
-        log.tag(p.grad, "gradients")
+    for micro in applied.micro_batches(batch):
+        log.mark("forward")
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), applied.autocast():
+            loss = loss_fn(applied.model, micro)
+        log.mark("backward")
+        applied.backward(loss)
+        for p in applied.model.parameters():
+            log.tag(p.grad, "gradients")
     log.mark("optimizer")
     optimizer = applied.optimizer
     applied.step()
