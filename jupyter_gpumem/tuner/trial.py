@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tuner.estimation.estimate import BatchSearch, Estimate
 from jupyter_gpumem.tuner.estimation.predict import config_of, estimate_workload, max_batch_size
+from jupyter_gpumem.tuner.planning.joint import Search, search
 from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
@@ -122,6 +123,19 @@ class Trial:
         (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
         """
         return plan(self, budget, techniques, allow=allow)
+
+    def search(
+        self,
+        budget: int | str,
+        *,
+        allow: Sequence[str] = (),
+        measure: bool | None = None,
+    ) -> Search:
+        """The cheapest combination of checkpointed blocks, precision, optimizer variant and
+        gradient accumulation estimated within ``budget``, keeping the training math unless
+        ``allow`` names "optimizer" or "pure-bf16". See :mod:`jupyter_gpumem.tuner.planning.joint`;
+        ``search.verify()`` measures the winner."""
+        return search(self, budget, allow=allow, measure=measure)
 
     def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
         """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.

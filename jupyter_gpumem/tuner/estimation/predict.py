@@ -47,7 +47,15 @@ from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 
-_SETTINGS = ("checkpoint", "every", "precision", "optimizer", "parallel", "world_size")
+_SETTINGS = (
+    "checkpoint",
+    "every",
+    "precision",
+    "optimizer",
+    "parallel",
+    "world_size",
+    "accumulate",
+)
 
 
 def config_of(settings: Mapping[str, Any]) -> Config:

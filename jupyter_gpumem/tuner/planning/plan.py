@@ -244,11 +244,11 @@ def plan(
     """
     budget_bytes = _budget(budget)
     allowed = _techniques(techniques)
-    changes = _changes(allow)
+    changes = changes_of(allow)
     say = progress or (lambda _: None)
     model = trial.workload.model
     own = optimizer_name(trial.workload.optimizer)
-    lines = [_math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
+    lines = [math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
     candidates: tuple[str, ...] = ()
     if "checkpoint" in allowed:
         candidates = tuple(blocks(model))
@@ -545,7 +545,7 @@ def _budget(budget: int | str) -> int:
     return value
 
 
-def _changes(allow: Sequence[str]) -> tuple[str, ...]:
+def changes_of(allow: Sequence[str]) -> tuple[str, ...]:
     if isinstance(allow, str):
         allow = (allow,)
     unknown = [a for a in allow if a not in CHANGES]
@@ -557,7 +557,7 @@ def _changes(allow: Sequence[str]) -> tuple[str, ...]:
     return tuple(allow)
 
 
-def _math_line(own: str | None, changes: tuple[str, ...]) -> str:
+def math_line(own: str | None, changes: tuple[str, ...]) -> str:
     """The reasoning's first line: what of the user's training math the plan may change."""
     kept = []
     if own is not None and "optimizer" not in changes:

@@ -1,0 +1,174 @@
+"""Peaks and step times of technique combinations, composed from a few measured or estimated
+anchors: numbers in, numbers out, so it is tested without torch.
+
+An anchor is one configuration's figures: its peak, the bytes of its parameters, gradients and
+optimizer state at that peak (the *static* part, which the precision and the optimizer decide)
+and the rest (the *dynamic* part: activations, temporaries, the batch, which checkpointing and
+gradient accumulation shrink), and, where it ran, its step time. A combination of a precision
+``p``, an optimizer ``o``, ``k`` of ``n`` blocks checkpointed and ``a`` micro-batches is composed
+as:
+
+- static: the precision's anchor, with the optimizer state changed as the optimizer's anchor
+  changed it from the baseline;
+- dynamic: the precision's anchor, scaled by the share that checkpointing all blocks kept
+  (taken ``k / n`` of the way) and by the share that the most micro-batches kept (taken
+  ``(1 - 1/a) / (1 - 1/A)`` of the way: activations go with the micro-batch);
+- step time: the baseline's, times each technique's measured factor, scaled the same ways.
+
+It ranks candidates; it is not the answer. The search confirms the winner with an estimate of its
+own before it says it fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+STATIC = ("parameters", "gradients", "optimizer_state")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One configuration's figures at its peak."""
+
+    peak_bytes: int
+    static_bytes: int  # parameters, gradients and optimizer state at the peak
+    optimizer_bytes: int  # of which optimizer state
+    step_s: float | None = None  # measured; None where nothing ran
+
+    @property
+    def dynamic_bytes(self) -> int:
+        return self.peak_bytes - self.static_bytes
+
+    @classmethod
+    def of(
+        cls, peak_bytes: int, breakdown: Mapping[str, int], step_s: float | None = None
+    ) -> Anchor:
+        static = sum(breakdown.get(c, 0) for c in STATIC)
+        return cls(peak_bytes, static, breakdown.get("optimizer_state", 0), step_s)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One combination: ``blocks`` of the model's first blocks checkpointed."""
+
+    precision: str | None
+    optimizer: str | None
+    blocks: int
+    accumulate: int
+
+    @property
+    def changes(self) -> int:
+        """How many techniques it changes from the user's step."""
+        return sum(
+            (
+                self.precision is not None,
+                self.optimizer is not None,
+                self.blocks > 0,
+                self.accumulate > 1,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """What the composition starts from (every dict keyed by precision, None the model's own)."""
+
+    base: Anchor  # nothing changed
+    precision: Mapping[str | None, Anchor]  # each precision alone (None: the base)
+    optimizer: Mapping[str | None, Anchor]  # each optimizer alone, at the model's precision
+    all_blocks: Mapping[str | None, Anchor]  # each precision with every block checkpointed
+    most_micro: Mapping[str | None, Anchor]  # each precision with ``most_accumulate`` micro-batches
+    blocks: int  # the model's blocks that can be checkpointed
+    most_accumulate: int  # the most micro-batches tried (1: accumulation not tried)
+
+    def peak(self, c: Choice) -> int:
+        mine = self.precision[c.precision]
+        optimizer = self.optimizer[c.optimizer].optimizer_bytes - self.base.optimizer_bytes
+        static = mine.static_bytes + optimizer
+        dynamic = mine.dynamic_bytes * self._kept(c)
+        return max(0, int(static + dynamic))
+
+    def step_s(self, c: Choice) -> float | None:
+        """The predicted step time; None unless every anchor it scales by ran."""
+        base = self.base.step_s
+        own = self.precision[c.precision].step_s
+        other = self.optimizer[c.optimizer].step_s
+        if base is None or own is None or other is None or min(base, own, other) <= 0:
+            return None
+        factor = (own / base) * (other / base)
+        if c.blocks:
+            whole = self.all_blocks[c.precision].step_s
+            if whole is None:
+                return None
+            factor *= 1 + (whole / own - 1) * c.blocks / self.blocks
+        if c.accumulate > 1:
+            most = self.most_micro[c.precision].step_s
+            if most is None:
+                return None
+            factor *= 1 + (most / own - 1) * self._micro_share(c.accumulate)
+        return base * factor
+
+    def _kept(self, c: Choice) -> float:
+        """The share of the precision's dynamic bytes that the choice keeps."""
+        mine = self.precision[c.precision].dynamic_bytes
+        if mine <= 0:
+            return 1.0
+        kept = 1.0
+        if c.blocks:
+            whole = self.all_blocks[c.precision].dynamic_bytes / mine
+            kept *= 1 + (whole - 1) * c.blocks / self.blocks
+        if c.accumulate > 1:
+            most = self.most_micro[c.precision].dynamic_bytes / mine
+            kept *= 1 + (most - 1) * self._micro_share(c.accumulate)
+        return max(kept, 0.0)
+
+    def _micro_share(self, a: int) -> float:
+        """How far ``a`` micro-batches go from one to the most tried, as activations shrink."""
+        most = self.most_accumulate
+        return (1 - 1 / a) / (1 - 1 / most) if most > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """A composed candidate: its predicted peak and step time."""
+
+    choice: Choice
+    peak_bytes: int
+    step_s: float | None
+
+
+def compose(anchors: Anchors, choices: Iterable[Choice]) -> list[Point]:
+    return [Point(c, anchors.peak(c), anchors.step_s(c)) for c in choices]
+
+
+def front(points: Sequence[Point]) -> list[Point]:
+    """The points no other beats in both peak and step time (fewer changes where times are
+    unknown), by increasing peak."""
+
+    def cost(p: Point) -> tuple[float, int]:
+        return (p.step_s if p.step_s is not None else 0.0, p.choice.changes)
+
+    kept: list[Point] = []
+    best: tuple[float, int] | None = None
+    for p in sorted(points, key=lambda p: (p.peak_bytes, cost(p))):
+        if best is None or cost(p) < best:
+            kept.append(p)
+            best = cost(p)
+    return kept
+
+
+def ranked(points: Sequence[Point], limit: int) -> list[Point]:
+    """The points predicted within ``limit``, cheapest first: the least step time where known,
+    then the fewest changes, then the fewest checkpointed blocks and micro-batches."""
+    fitting = [p for p in points if p.peak_bytes <= limit]
+    return sorted(
+        fitting,
+        key=lambda p: (
+            p.step_s if p.step_s is not None else 0.0,
+            p.choice.changes,
+            p.choice.blocks,
+            p.choice.accumulate,
+            p.peak_bytes,
+        ),
+    )

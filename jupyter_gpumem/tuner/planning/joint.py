@@ -1,0 +1,264 @@
+"""Make it fit: one search over checkpointed blocks x precision x optimizer variant x gradient
+accumulation, the cheapest candidate that fits a budget, confirmed by its own estimate.
+
+A handful of anchors are estimated on fake tensors (and, where the model holds weights, measured
+for their step time): each precision alone, each optimizer variant alone, each precision with
+every block checkpointed and with the most micro-batches. Every combination's peak and step time
+is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
+candidates that fit are taken cheapest first (least predicted step time; fewest changes where
+times are unknown) and each is estimated on its own until one fits: that one is the winner,
+its figures the estimate's, never the composition's. ``verify()`` measures it.
+
+It keeps the user's training math unless ``allow`` says otherwise: the same optimizer algorithm
+(its fused and 8-bit variants are allowed), autocast but not pure bf16, the full model trained.
+The reasoning's first line says which.
+
+Known limitations:
+- One process: DDP and FSDP2 over N GPUs, offloading and LoRA are not among the candidates yet.
+- Blocks are checkpointed from the first on (alike blocks free alike bytes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpumem.techniques import PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques.accumulation import micro_batches
+from jupyter_gpumem.techniques.optimizers import optimizer_name
+from jupyter_gpumem.techniques.precision import precision_name
+from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.estimation.predict import estimate_workload
+from jupyter_gpumem.tuner.estimation.search import budget_of
+from jupyter_gpumem.tuner.planning.composed import (
+    Anchor,
+    Anchors,
+    Choice,
+    Point,
+    compose,
+    front,
+    ranked,
+)
+from jupyter_gpumem.tuner.planning.plan import SAFETY, SAME_ALGORITHM, changes_of, math_line
+from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.workload import holds_no_weights
+from jupyter_gpumem.units import format_bytes, format_seconds
+
+__all__ = ["Search", "search"]
+
+ACCUMULATE = (2, 4, 8)  # micro-batches tried, where the batch splits so
+CONFIRM = 8  # candidates estimated on their own, at most, before the search gives up
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A candidate estimated on its own: composed beside estimated."""
+
+    config: Config
+    composed_bytes: int
+    estimated_bytes: int | None
+    reason: str | None = None
+
+
+@dataclass
+class Search:
+    """The cheapest candidate that fits the budget, and what the search went through."""
+
+    budget_bytes: int
+    config: Config | None  # the winner; None when no candidate fits
+    estimate: Estimate | None  # the winner's own estimate
+    predicted_step_s: float | None
+    candidates: int  # combinations composed
+    front: tuple[tuple[Config, int, float | None], ...]  # (config, composed peak, step time)
+    confirmed: tuple[Confirmed, ...]
+    reasoning: tuple[str, ...]
+    wall_s: float  # before verification
+    anchors: int  # configurations estimated (and measured, where the model holds weights)
+    result: TrialResult | None = field(default=None, repr=False)
+    trial: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.config is not None
+
+    def verify(self) -> TrialResult:
+        """Measure the winner with a real run; ``result`` keeps it."""
+        if self.config is None:
+            raise ValueError("no candidate fits the budget: there is nothing to verify")
+        if holds_no_weights(self.trial.workload.model):
+            raise ValueError("the model holds no weights (meta device): load them to verify")
+        self.result = self.trial.run(self.config)
+        return self.result
+
+    def text(self) -> str:
+        return "\n".join(self.reasoning)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def search(
+    trial: Any,
+    budget: int | str,
+    *,
+    allow: Sequence[str] = (),
+    measure: bool | None = None,
+    confirm: int = CONFIRM,
+    progress: Progress | None = None,
+) -> Search:
+    """The cheapest combination of techniques estimated within ``budget`` (bytes or a size).
+
+    ``allow`` names changes to the training math ("optimizer", "pure-bf16"); ``measure`` runs
+    the anchors for their step times (by default where the model holds weights).
+    """
+    t0 = time.perf_counter()
+    budget_bytes = budget_of(budget)
+    changes = changes_of(allow)
+    say = progress or (lambda _: None)
+    workload = trial.workload
+    model = workload.model
+    measure = not holds_no_weights(model) if measure is None else measure
+    if measure and holds_no_weights(model):
+        raise ValueError("measure=True needs a model with weights; this one is on the meta device")
+    limit = int(budget_bytes * (1 - SAFETY))
+    own = optimizer_name(workload.optimizer)
+    lines = [math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
+    now = precision_name(model)
+    precisions: list[str | None] = [None] + [
+        p for p in PRECISIONS if p != now and (p != "bf16" or "pure-bf16" in changes)
+    ]
+    optimizers: list[str | None] = [None]
+    if own is not None:
+        same = SAME_ALGORITHM.get(own, ())
+        others = [o for o in _optimizers() if o != own and ("optimizer" in changes or o in same)]
+        optimizers += others
+    names = tuple(blocks(model))
+    splits = [a for a in ACCUMULATE if _splits(workload.batch, a)]
+    most = max(splits, default=1)
+
+    made: dict[Config, Estimate] = {}
+    timed: dict[Config, float | None] = {}
+
+    def anchor(config: Config) -> Anchor | None:
+        say(f"estimating {config}")
+        found = estimate_workload(workload, config)
+        made[config] = found
+        if found.peak_bytes is None or found.breakdown is None:
+            lines.append(f"{config}: not estimated, {found.reason}.")
+            return None
+        step = None
+        if measure:
+            say(f"measuring {config}")
+            result = trial.run(config)
+            step = result.step_s if result.status == "ok" else None
+            timed[config] = step
+        return Anchor.of(found.peak_bytes, found.breakdown, step)
+
+    base = anchor(Config())
+    if base is None:
+        return _none(budget_bytes, lines, t0, made, trial)
+    by_precision = {None: base, **{p: anchor(Config(precision=p)) for p in precisions[1:]}}
+    by_optimizer = {None: base, **{o: anchor(Config(optimizer=o)) for o in optimizers[1:]}}
+    kept_p = [p for p in precisions if by_precision[p] is not None]
+    kept_o = [o for o in optimizers if by_optimizer[o] is not None]
+    all_blocks: dict[str | None, Anchor] = {}
+    most_micro: dict[str | None, Anchor] = {}
+    for p in list(kept_p):
+        if names:
+            whole = anchor(Config(checkpoint=names, precision=p))
+            if whole is not None:
+                all_blocks[p] = whole
+        if most > 1:
+            micro = anchor(Config(precision=p, accumulate=most))
+            if micro is not None:
+                most_micro[p] = micro
+    counts = range(len(names) + 1)
+    choices = [
+        Choice(p, o, k, a)
+        for p, o, k, a in itertools.product(kept_p, kept_o, counts, [1, *splits])
+        if (not k or p in all_blocks) and (a == 1 or p in most_micro)
+    ]
+    anchors = Anchors(
+        base, {p: by_precision[p] for p in kept_p}, {o: by_optimizer[o] for o in kept_o},  # type: ignore[misc]
+        all_blocks, most_micro, len(names), most,
+    )  # fmt: skip
+    points = compose(anchors, choices)
+    lines.append(
+        f"{len(points)} candidates composed from {len(made)} estimated configurations"
+        + (
+            " (each also measured for its step time)."
+            if measure
+            else "; step times unknown, so the fewest changes win."
+        )
+    )
+    confirmed: list[Confirmed] = []
+    winner: tuple[Point, Estimate] | None = None
+    for point in ranked(points, limit)[:confirm]:
+        config = _config(point.choice, names)
+        say(f"confirming {config}")
+        found = made.get(config) or estimate_workload(workload, config)
+        confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
+        if found.peak_bytes is not None and found.peak_bytes <= limit:
+            winner = (point, found)
+            break
+    shown = tuple((_config(p.choice, names), p.peak_bytes, p.step_s) for p in front(points))
+    for c in confirmed:
+        what = (
+            "not estimated"
+            if c.estimated_bytes is None
+            else f"estimated {format_bytes(c.estimated_bytes)}"
+        )
+        lines.append(f"{c.config}: composed {format_bytes(c.composed_bytes)}, {what}.")
+    if winner is None:
+        lines.append(
+            f"No candidate is estimated within {format_bytes(limit)} (the budget less {SAFETY:.0%})."
+        )
+        return Search(
+            budget_bytes, None, None, None, len(points), shown, tuple(confirmed),
+            tuple(lines), time.perf_counter() - t0, len(made), trial=trial,
+        )  # fmt: skip
+    point, found = winner
+    config = _config(point.choice, names)
+    step = "" if point.step_s is None else f", about {format_seconds(point.step_s)} a step"
+    lines.append(f"Winner: {config}: estimated {format_bytes(found.peak_bytes or 0)}{step}.")
+    return Search(
+        budget_bytes, config, found, point.step_s, len(points), shown, tuple(confirmed),
+        tuple(lines), time.perf_counter() - t0, len(made), trial=trial,
+    )  # fmt: skip
+
+
+def _config(c: Choice, names: Sequence[str]) -> Config:
+    return Config(
+        checkpoint=tuple(names[: c.blocks]) or None,
+        precision=c.precision,
+        optimizer=c.optimizer,
+        accumulate=c.accumulate,
+    )
+
+
+def _optimizers() -> tuple[str, ...]:
+    from jupyter_gpumem.techniques import OPTIMIZERS
+
+    return OPTIMIZERS
+
+
+def _splits(batch: Any, k: int) -> bool:
+    try:
+        micro_batches(batch, k)
+    except ValueError:
+        return False
+    return True
+
+
+def _none(
+    budget_bytes: int, lines: list[str], t0: float, made: dict[Config, Estimate], trial: Any
+) -> Search:
+    lines.append("The model's own step cannot be estimated, so nothing is composed.")
+    return Search(
+        budget_bytes, None, None, None, 0, (), (), tuple(lines), time.perf_counter() - t0,
+        len(made), trial=trial,
+    )  # fmt: skip

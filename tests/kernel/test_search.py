@@ -1,0 +1,48 @@
+"""Make it fit: the search over techniques on the CPU, its winner confirmed by a real run."""
+
+from __future__ import annotations
+
+import torch
+
+from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.planning.plan import SAME_ALGORITHM
+from jupyter_gpumem.tuner.trial import Trial
+from tests.kernel.test_estimate import TinyGPT, _gpt, _gpt_batch, _gpt_loss, _trained
+
+
+def test_the_winner_fits_when_measured_and_keeps_the_training_math() -> None:
+    trial = _trained(_gpt())
+    base = trial.run(Config())
+    assert base.peak_allocated_bytes is not None
+    budget = int(0.4 * base.peak_allocated_bytes)
+    found = trial.search(budget)
+    assert found.config is not None, found.text()
+    assert found.reasoning[0].startswith("Keeps your optimizer, adamw")
+    assert found.config.optimizer in (None, *SAME_ALGORITHM["adamw"])  # the same algorithm
+    assert found.config.precision != "bf16"  # autocast at most: fp32 master weights
+    assert found.candidates >= 50 and found.front
+    assert found.estimate is not None and found.estimate.peak_bytes is not None
+    assert found.estimate.peak_bytes <= budget
+    measured = found.verify()
+    assert measured.status == "ok" and measured.peak_allocated_bytes is not None
+    assert measured.peak_allocated_bytes <= budget, found.text()
+
+
+def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> None:
+    torch.manual_seed(0)
+    real = _trained(_gpt())
+    base = real.estimate()
+    assert base.peak_bytes is not None
+    with torch.device("meta"):
+        model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trial = Trial(
+        model, _gpt_batch(8).to("meta"), _gpt_loss, optimizer=opt, warmup=1, steps=2, device="cpu"
+    )
+    found = trial.search(int(0.5 * base.peak_bytes))
+    assert found.config is not None and found.predicted_step_s is None
+    assert "step times unknown" in found.text()
+    assert all(p.is_meta for p in model.parameters())  # nothing materialised
+    tried = [c.config for c in found.confirmed]
+    assert tried[-1] == found.config
+    assert all(str(c).count("·") <= str(found.config).count("·") for c in tried)

@@ -1,0 +1,68 @@
+"""Composing technique combinations from anchors: pure arithmetic, checked by hand."""
+
+from __future__ import annotations
+
+from jupyter_gpumem.tuner.planning.composed import Anchor, Anchors, Choice, compose, front, ranked
+
+MiB = 2**20
+
+
+def _anchors(timed: bool = True) -> Anchors:
+    def a(peak: int, static: int, opt: int, step: float) -> Anchor:
+        return Anchor(peak * MiB, static * MiB, opt * MiB, step if timed else None)
+
+    base = a(100, 40, 20, 1.0)  # 60 MiB of activations and temporaries
+    return Anchors(
+        base=base,
+        precision={None: base, "bf16-autocast": a(80, 40, 20, 0.5)},  # 40 dynamic
+        optimizer={None: base, "adamw-8bit": a(85, 25, 5, 1.1)},  # 15 MiB less state
+        all_blocks={None: a(55, 40, 20, 1.3), "bf16-autocast": a(50, 40, 20, 0.7)},
+        most_micro={None: a(70, 40, 20, 1.2), "bf16-autocast": a(60, 40, 20, 0.6)},
+        blocks=4,
+        most_accumulate=4,
+    )
+
+
+def test_each_anchor_is_composed_back_to_itself() -> None:
+    anchors = _anchors()
+    assert anchors.peak(Choice(None, None, 0, 1)) == 100 * MiB
+    assert anchors.peak(Choice("bf16-autocast", None, 0, 1)) == 80 * MiB
+    assert anchors.peak(Choice(None, "adamw-8bit", 0, 1)) == 85 * MiB
+    assert anchors.peak(Choice(None, None, 4, 1)) == 55 * MiB
+    assert anchors.peak(Choice(None, None, 0, 4)) == 70 * MiB
+    assert anchors.step_s(Choice(None, None, 4, 1)) == 1.3
+
+
+def test_combinations_scale_the_dynamic_part_and_swap_the_optimizer_state() -> None:
+    anchors = _anchors()
+    # half the blocks: the dynamic 60 MiB keeps half of the way to 15 of 60 (0.625); with
+    # 2 micro-batches, (1 - 1/2) / (1 - 1/4) = 2/3 of the way to 30 of 60 (2/3 kept)
+    kept = (1 + (15 / 60 - 1) * 0.5) * (1 + (30 / 60 - 1) * (2 / 3))
+    expected = 40 * MiB - 15 * MiB + 60 * MiB * kept
+    assert anchors.peak(Choice(None, "adamw-8bit", 2, 2)) == int(expected)
+    step = anchors.step_s(Choice("bf16-autocast", "adamw-8bit", 2, 1))
+    assert step is not None and abs(step - 1.0 * 0.5 * 1.1 * (1 + (0.7 / 0.5 - 1) * 0.5)) < 1e-12
+    assert _anchors(timed=False).step_s(Choice(None, None, 0, 1)) is None
+
+
+def test_the_front_and_the_ranking() -> None:
+    anchors = _anchors()
+    choices = [
+        Choice(p, o, k, a)
+        for p in (None, "bf16-autocast")
+        for o in (None, "adamw-8bit")
+        for k in range(5)
+        for a in (1, 2, 4)
+    ]
+    points = compose(anchors, choices)
+    assert len(points) == 60
+    edge = front(points)
+    for p in edge:  # nothing both smaller and cheaper
+        assert not any(
+            q.peak_bytes < p.peak_bytes and (q.step_s or 0) < (p.step_s or 0) for q in points
+        )
+    fitting = ranked(points, 60 * MiB)
+    assert fitting and all(p.peak_bytes <= 60 * MiB for p in fitting)
+    assert [p.step_s for p in fitting] == sorted(p.step_s for p in fitting)  # type: ignore[type-var]
+    untimed = ranked(compose(_anchors(timed=False), choices), 60 * MiB)
+    assert [p.choice.changes for p in untimed] == sorted(p.choice.changes for p in untimed)
