@@ -165,8 +165,9 @@ def main() -> None:
         part.unlink()
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "breakdown"}), flush=True)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"machine": platform.node(), "cases": results}, indent=1))
+        # after every case: a run cut short keeps what it measured
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"machine": platform.node(), "cases": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ def _device(torch: Any, model: Any, device: Any) -> Any:
     device = torch.device(device)
     if device.type == "meta":
         raise ValueError("device must be where the steps would run (cuda or cpu), not meta")
+    return indexed(torch, device)
+
+
+def indexed(torch: Any, device: Any) -> Any:
+    """``device`` with its index, as tensors made on it name it (``cuda`` is ``cuda:0``)."""
+    device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         # without initialising CUDA, which would keep forked ranks from using it
         index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0

@@ -43,6 +43,7 @@ from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
+from jupyter_gpumem.tuner.workload import indexed
 
 __all__ = ["estimate_generate", "max_generate_batch"]
 
@@ -78,7 +79,7 @@ def estimate_generate(
     for taken in ("input_ids", "attention_mask", "max_new_tokens", "max_length"):
         if taken in generate_kwargs:
             raise ValueError(f"{taken} comes from batch_size, prompt_tokens and max_new_tokens")
-    device = torch.device(device or ("cuda" if cuda_present(torch) else "cpu"))
+    device = indexed(torch, device or ("cuda" if cuda_present(torch) else "cpu"))
     label = f"generate: {batch_size} x {prompt_tokens} tokens + {max_new_tokens} new"
     from jupyter_gpumem.techniques import Config
 
