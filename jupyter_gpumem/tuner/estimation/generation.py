@@ -90,8 +90,12 @@ def estimate_generate(
     if missing is not None:
         return _labelled(unavailable(Config(), device, missing, batch_size, t0), label)
     facts = fake_peaks.device_facts(torch, device) if device.type == "cuda" else None
+    sizes = (batch_size, prompt_tokens, max_new_tokens)
     try:
-        run = _run(torch, model, device, batch_size, prompt_tokens, max_new_tokens, generate_kwargs)
+        try:
+            run = _run(torch, model, device, *sizes, generate_kwargs, skip=True)
+        except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
+            run = _run(torch, model, device, *sizes, generate_kwargs, skip=False)
     except Unfakeable as exc:
         return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
     if facts is not None:
@@ -151,7 +155,9 @@ def _labelled(found: Estimate, label: str) -> Estimate:
 
 
 # With a cache that grows by concatenation, each decode step takes more than the one before
-# it, so the first steps and the last ones hold the call's peak: the steps between are skipped.
+# it, and with a cache made ahead (static) each takes what the one before took, but for the
+# tokens so far: either way the first steps and the last ones hold the call's peak, and the
+# steps between are skipped.
 FIRST_STEPS = 2  # the prefill and the first decode step, run as the call runs them
 LAST_STEPS = 2  # the last decode steps, run on a cache filled to their length
 # what makes a step's memory depend on more than its cache's length: kept step by step
@@ -168,6 +174,8 @@ def _run(
     prompt_tokens: int,
     max_new_tokens: int,
     kwargs: dict[str, Any],
+    *,
+    skip: bool,
 ) -> FakeRun:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -181,7 +189,9 @@ def _run(
         log.mark("decode" if calls[0] else "prefill")
         calls[0] += 1
 
-    skipping = max_new_tokens > FIRST_STEPS + LAST_STEPS and _grows_by_cat(model, kwargs)
+    long = skip and max_new_tokens > FIRST_STEPS + LAST_STEPS
+    growing = long and _grows_by_cat(model, kwargs)
+    ahead = long and not growing and _made_ahead(model, kwargs)
     with rng_kept(torch), mode, swapped(torch, model, faker):
         ids = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
         mask = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
@@ -197,14 +207,23 @@ def _run(
                 torch.no_grad(),
             ):
                 log.recording = True
-                first = FIRST_STEPS if skipping else max_new_tokens
-                key, layers = _generate(torch, model, log, ids, mask, first, kwargs)
-                if skipping:
+                first = FIRST_STEPS if growing or ahead else max_new_tokens
+                # a cache made ahead is made for every new token: the call asks for them all
+                key, layers = _generate(torch, model, log, ids, mask, first, kwargs, max_new_tokens)
+                seen = prompt_tokens + max_new_tokens - LAST_STEPS
+                if ahead:  # the last steps: their prompt's first call taken as one decode step
+                    calls[0] = max_new_tokens - LAST_STEPS
+                    with _positions_of(mask), _first_call_decodes(model):
+                        _generate(
+                            torch, model, log,
+                            ids[:, :1].expand(batch_size, seen), mask[:, :1].expand(batch_size, seen),
+                            LAST_STEPS, kwargs,
+                        )  # fmt: skip
+                if growing:
                     if layers is None:
                         raise Unfakeable("the cache generate made does not grow by concatenation")
                     # the last steps' prompt: the tokens so far, a view of the prompt's memory
                     # (the call holds the tokens it was given, the prompt, not the ones made)
-                    seen = prompt_tokens + max_new_tokens - LAST_STEPS
                     cache = _filled(torch, layers, seen - 1, model)
                     calls[0] = max_new_tokens - LAST_STEPS
                     tail = {**kwargs, key: cache}
@@ -217,7 +236,7 @@ def _run(
                         )  # fmt: skip
                     del tail
                 log.recording = False
-        except Unfakeable:
+        except (Unfakeable, _NoSkip):
             raise
         except Exception as exc:
             raise Unfakeable(reason(exc)) from exc
@@ -228,18 +247,27 @@ def _run(
 
 
 def _generate(
-    torch: Any, model: Any, log: StorageLog, ids: Any, mask: Any, steps: int, kwargs: dict[str, Any]
+    torch: Any,
+    model: Any,
+    log: StorageLog,
+    ids: Any,
+    mask: Any,
+    steps: int,
+    kwargs: dict[str, Any],
+    new: int | None = None,
 ) -> tuple[str, list[tuple[Any, Any, Any]] | None]:
-    """One ``generate`` of ``steps`` new tokens; its cache is tagged ``kv_cache``. Returns the
-    cache's key in the output, and its layers' (shape, dtype, device) where every layer is a
-    plain growing one (None otherwise)."""
+    """One ``generate`` of ``new`` new tokens (``steps``, where none), cut after ``steps``; its
+    cache is tagged ``kv_cache``. Returns the cache's key in the output, and its layers'
+    (shape, dtype, device) where every layer is a plain growing one (None otherwise)."""
+    if new is None or not _made_ahead(model, kwargs):
+        new = steps  # a growing cache is the same whatever the call asks for
     with _steps(steps), _eager(), warnings.catch_warnings():
         # min_new_tokens past the first steps' end, as the real call's are not
         warnings.filterwarnings("ignore", "Unfeasible length constraints", UserWarning)
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
-            max_new_tokens=steps,
+            max_new_tokens=new,
             return_dict_in_generate=True,
             **kwargs,
         )
@@ -298,6 +326,55 @@ def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
     except Exception:  # an older transformers, or a model that brings its own cache
         return False
     return bool(supports) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _made_ahead(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether this call's cache is transformers' static one, made for every token ahead, and
+    nothing else a step keeps grows with the steps but the tokens so far."""
+    config = getattr(model, "generation_config", None)
+    chosen = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+    return chosen == "static" and _grows_by_cat(model, {**kwargs, "cache_implementation": None})
+
+
+class _NoSkip(Exception):
+    """The steps between cannot be skipped in this transformers' generate."""
+
+
+@contextmanager
+def _first_call_decodes(model: Any) -> Iterator[None]:
+    """generate's first call on a prompt whose tokens are all but the last in the cache (made
+    ahead): prepared as the decode step of that last token it stands for. Where generate has no
+    such preparation, or the model is then called on more than one token, :class:`_NoSkip`."""
+    import inspect
+
+    prepare = model.prepare_inputs_for_generation
+    params = inspect.signature(prepare).parameters
+    if "next_sequence_length" not in params:
+        raise _NoSkip
+    state = {"prepared": False, "checked": False}
+
+    def one_token(*args: Any, **kwargs: Any) -> Any:
+        if not state["prepared"]:
+            state["prepared"] = True
+            kwargs.update(next_sequence_length=1, is_first_iteration=False)
+        return prepare(*args, **kwargs)
+
+    def check(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if not state["checked"]:
+            state["checked"] = True
+            given = kwargs.get("input_ids", args[0] if args else None)
+            if given is None or given.shape[-1] != 1:
+                raise _NoSkip
+
+    model.prepare_inputs_for_generation = one_token
+    handle = model.register_forward_pre_hook(check, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        del model.prepare_inputs_for_generation  # the class's own again
+    if not state["checked"]:
+        raise _NoSkip
 
 
 def _growing_layers(cache: Any) -> list[tuple[Any, Any, Any]] | None:
