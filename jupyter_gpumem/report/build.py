@@ -180,6 +180,7 @@ def _device_attribution(
 
 
 HELD_SHOWN = 3  # the holders of ``other`` bytes a note names
+HELD_NOTE_SHARE = 0.01  # from this share of the peak held as ``other``, the note names holders
 UNATTRIBUTED_NOTE_SHARE = 0.02  # above this share of the peak, say why bytes are unattributed
 BETWEEN_WINDOWS = "the peak came between the detailed steps, where blocks are not followed"
 
@@ -193,7 +194,7 @@ def residue_notes(found: Attribution, peak: int) -> list[str]:
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in _largest(library))
         out.append(f"library buffers at the peak: {parts}")
     held = found.residue.held
-    if held:
+    if peak > 0 and sum(n for n, _ in held.values()) >= HELD_NOTE_SHARE * peak:
         largest = sorted(held.items(), key=lambda item: -item[1][0])[:HELD_SHOWN]
         parts = ", ".join(
             f"{name} {format_bytes(n)}" + (f" ({count} tensors)" if count > 1 else "")

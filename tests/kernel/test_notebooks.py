@@ -16,7 +16,7 @@ from jupyter_gpumem.report.record import MIME_TYPE, SCHEMA
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "tuner.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "tuner.ipynb", "will_it_run.ipynb"])
 def test_notebook_executes_and_reports(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

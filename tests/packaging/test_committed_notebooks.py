@@ -38,6 +38,7 @@ def test_the_known_notebooks_are_checked() -> None:
     assert {
         "notebooks/quickstart.ipynb",
         "notebooks/tuner.ipynb",
+        "notebooks/will_it_run.ipynb",
         "labextension/ui-tests/notebooks/tuner.ipynb",
         "labextension/ui-tests/notebooks/gpus.ipynb",
     } <= set(NOTEBOOKS)
