@@ -130,12 +130,14 @@ class Trial:
         *,
         allow: Sequence[str] = (),
         measure: bool | None = None,
+        world_sizes: Sequence[int] = (1,),
     ) -> Search:
         """The cheapest combination of checkpointed blocks, precision, optimizer variant and
         gradient accumulation estimated within ``budget``, keeping the training math unless
-        ``allow`` names "optimizer" or "pure-bf16". See :mod:`jupyter_gpumem.tuner.planning.joint`;
-        ``search.verify()`` measures the winner."""
-        return search(self, budget, allow=allow, measure=measure)
+        ``allow`` names "optimizer" or "pure-bf16"; with ``world_sizes`` beyond 1, DDP and
+        FSDP2 on those ranks too (the budget per rank, the fewest GPUs first). See
+        :mod:`jupyter_gpumem.tuner.planning.joint`; ``search.verify()`` measures the winner."""
+        return search(self, budget, allow=allow, measure=measure, world_sizes=world_sizes)
 
     def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
         """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.

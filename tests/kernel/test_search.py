@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from jupyter_gpumem.techniques import Config
@@ -46,3 +47,33 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
     tried = [c.config for c in found.confirmed]
     assert tried[-1] == found.config
     assert all(str(c).count("·") <= str(found.config).count("·") for c in tried)
+
+
+def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within() -> None:
+    """A model whose weights and AdamW state outweigh its activations fits no single process
+    below them, whatever is checkpointed or accumulated: FSDP2 on two ranks shards them."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).square().mean()
+
+    trial = Trial(model, torch.randn(8, 256), loss_fn, optimizer=opt, warmup=1, steps=2)
+    alone = trial.search(10**9, measure=False)  # everything fits: the least change, one process
+    assert alone.config == Config()
+    base = trial.estimate()
+    assert base.peak_bytes is not None and base.breakdown is not None
+    budget = int(0.8 * base.peak_bytes)
+    assert trial.search(budget, measure=False).config is None  # one process cannot
+    found = trial.search(budget, measure=False, world_sizes=(1, 2))
+    assert found.config is not None, found.text()
+    assert (found.config.parallel, found.config.world_size) == ("fsdp2", 2)
+    assert found.config.optimizer is None and "on its worst rank" in found.reasoning[-1]
+    measured = found.verify()
+    assert measured.status == "ok", measured.error
+    assert measured.peak_allocated_bytes is not None and measured.peak_allocated_bytes <= budget
+    with pytest.raises(ValueError, match="world_size is the number of ranks"):
+        trial.search(budget, world_sizes=(0,))

@@ -13,7 +13,9 @@ as:
 - dynamic: the precision's anchor, scaled by the share that checkpointing all blocks kept
   (taken ``k / n`` of the way) and by the share that the most micro-batches kept (taken
   ``(1 - 1/a) / (1 - 1/A)`` of the way: activations go with the micro-batch);
-- step time: the baseline's, times each technique's measured factor, scaled the same ways.
+- step time: the baseline's, times each technique's measured factor, scaled the same ways;
+- on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
+  one rank's compute, the same for every candidate of that strategy and world size).
 
 It ranks candidates; it is not the answer. The search confirms the winner with an estimate of its
 own before it says it fits.
@@ -22,7 +24,7 @@ own before it says it fits.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STATIC = ("parameters", "gradients", "optimizer_state")
 
@@ -50,12 +52,15 @@ class Anchor:
 
 @dataclass(frozen=True)
 class Choice:
-    """One combination: ``blocks`` of the model's first blocks checkpointed."""
+    """One combination: ``blocks`` of the model's first blocks checkpointed, on
+    ``world_size`` ranks of ``parallel`` (None: one process)."""
 
     precision: str | None
     optimizer: str | None
     blocks: int
     accumulate: int
+    parallel: str | None = None
+    world_size: int = 1
 
     @property
     def changes(self) -> int:
@@ -81,12 +86,16 @@ class Anchors:
     most_micro: Mapping[str | None, Anchor]  # each precision with ``most_accumulate`` micro-batches
     blocks: int  # the model's blocks that can be checkpointed
     most_accumulate: int  # the most micro-batches tried (1: accumulation not tried)
+    # each strategy and world size alone, its worst rank: what it changes is added to the rest
+    ranks: Mapping[tuple[str, int], Anchor] = field(default_factory=dict)
 
     def peak(self, c: Choice) -> int:
         mine = self.precision[c.precision]
         optimizer = self.optimizer[c.optimizer].optimizer_bytes - self.base.optimizer_bytes
         static = mine.static_bytes + optimizer
         dynamic = mine.dynamic_bytes * self._kept(c)
+        if c.parallel is not None:
+            static += self.ranks[(c.parallel, c.world_size)].peak_bytes - self.base.peak_bytes
         return max(0, int(static + dynamic))
 
     def step_s(self, c: Choice) -> float | None:

@@ -13,8 +13,11 @@ It keeps the user's training math unless ``allow`` says otherwise: the same opti
 (its fused and 8-bit variants are allowed), autocast but not pure bf16, the full model trained.
 The reasoning's first line says which.
 
+With ``world_sizes``, DDP and FSDP2 on N ranks are candidates too: each strategy and world size
+is estimated alone (its worst rank), and what it changes is added to every combination.
+
 Known limitations:
-- One process: DDP and FSDP2 over N GPUs, offloading and LoRA are not among the candidates yet.
+- Offloading and LoRA are not among the candidates yet; step times on N ranks are not predicted.
 - Blocks are checkpointed from the first on (alike blocks free alike bytes).
 """
 
@@ -23,10 +26,10 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jupyter_gpumem.techniques import PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques import PARALLELS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
@@ -80,10 +83,21 @@ class Search:
     anchors: int  # configurations estimated (and measured, where the model holds weights)
     result: TrialResult | None = field(default=None, repr=False)
     trial: Any = field(default=None, repr=False, compare=False)
+    base: Anchor | None = field(default=None, repr=False)  # Config()'s figures, where estimated
 
     @property
     def fits(self) -> bool:
         return self.config is not None
+
+    @property
+    def baseline_peak_bytes(self) -> int | None:
+        """The baseline's (``Config()``'s) composed peak: what the candidates save against."""
+        return None if self.base is None else self.base.peak_bytes
+
+    @property
+    def baseline_step_s(self) -> float | None:
+        """The baseline's measured step time; None where nothing ran."""
+        return None if self.base is None else self.base.step_s
 
     def verify(self) -> TrialResult:
         """Measure the winner with a real run; ``result`` keeps it."""
@@ -107,13 +121,16 @@ def search(
     *,
     allow: Sequence[str] = (),
     measure: bool | None = None,
+    world_sizes: Sequence[int] = (1,),
     confirm: int = CONFIRM,
     progress: Progress | None = None,
 ) -> Search:
     """The cheapest combination of techniques estimated within ``budget`` (bytes or a size).
 
     ``allow`` names changes to the training math ("optimizer", "pure-bf16"); ``measure`` runs
-    the anchors for their step times (by default where the model holds weights).
+    the anchors for their step times (by default where the model holds weights). With
+    ``world_sizes`` beyond 1, DDP and FSDP2 on those ranks are searched too, the budget per
+    rank: the fewest GPUs that fit win, DDP before FSDP2, then the cheapest candidate.
     """
     t0 = time.perf_counter()
     budget_bytes = budget_of(budget)
@@ -125,6 +142,7 @@ def search(
     if measure and holds_no_weights(model):
         raise ValueError("measure=True needs a model with weights; this one is on the meta device")
     limit = int(budget_bytes * (1 - SAFETY))
+    sizes = _world_sizes(world_sizes)
     own = optimizer_name(workload.optimizer)
     lines = [math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
     now = precision_name(model)
@@ -141,9 +159,8 @@ def search(
     most = max(splits, default=1)
 
     made: dict[Config, Estimate] = {}
-    timed: dict[Config, float | None] = {}
 
-    def anchor(config: Config) -> Anchor | None:
+    def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
         say(f"estimating {config}")
         found = estimate_workload(workload, config)
         made[config] = found
@@ -151,11 +168,10 @@ def search(
             lines.append(f"{config}: not estimated, {found.reason}.")
             return None
         step = None
-        if measure:
+        if measure and timed:
             say(f"measuring {config}")
             result = trial.run(config)
             step = result.step_s if result.status == "ok" else None
-            timed[config] = step
         return Anchor.of(found.peak_bytes, found.breakdown, step)
 
     base = anchor(Config())
@@ -182,9 +198,17 @@ def search(
         for p, o, k, a in itertools.product(kept_p, kept_o, counts, [1, *splits])
         if (not k or p in all_blocks) and (a == 1 or p in most_micro)
     ]
+    ranks: dict[tuple[str, int], Anchor] = {}
+    for n in sizes:
+        for strategy in PARALLELS if n > 1 else ():
+            alone = anchor(Config(parallel=strategy, world_size=n), timed=False)
+            if alone is not None:
+                ranks[(strategy, n)] = alone
+    groups = [(None, 1)] * (1 in sizes) + sorted(ranks, key=lambda g: (g[1], PARALLELS.index(g[0])))
+    choices = [replace(c, parallel=g[0], world_size=g[1]) for g in groups for c in choices]
     anchors = Anchors(
         base, {p: by_precision[p] for p in kept_p}, {o: by_optimizer[o] for o in kept_o},  # type: ignore[misc]
-        all_blocks, most_micro, len(names), most,
+        all_blocks, most_micro, len(names), most, ranks,
     )  # fmt: skip
     points = compose(anchors, choices)
     lines.append(
@@ -197,15 +221,25 @@ def search(
     )
     confirmed: list[Confirmed] = []
     winner: tuple[Point, Estimate] | None = None
-    for point in ranked(points, limit)[:confirm]:
-        config = _config(point.choice, names)
-        say(f"confirming {config}")
-        found = made.get(config) or estimate_workload(workload, config)
-        confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
-        if found.peak_bytes is not None and found.peak_bytes <= limit:
-            winner = (point, found)
+    for group in groups:  # the fewest GPUs first
+        mine = [p for p in points if (p.choice.parallel, p.choice.world_size) == group]
+        for point in ranked(mine, limit)[:confirm]:
+            config = _config(point.choice, names)
+            say(f"confirming {config}")
+            found = made.get(config) or estimate_workload(workload, config)
+            confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
+            if found.peak_bytes is not None and found.peak_bytes <= limit:
+                winner = (point, found)
+                break
+        if winner is not None:
             break
-    shown = tuple((_config(p.choice, names), p.peak_bytes, p.step_s) for p in front(points))
+    chosen = (
+        groups[0] if winner is None else (winner[0].choice.parallel, winner[0].choice.world_size)
+    )
+    shown = tuple(
+        (_config(p.choice, names), p.peak_bytes, p.step_s)
+        for p in front([p for p in points if (p.choice.parallel, p.choice.world_size) == chosen])
+    )
     for c in confirmed:
         what = (
             "not estimated"
@@ -219,15 +253,17 @@ def search(
         )
         return Search(
             budget_bytes, None, None, None, len(points), shown, tuple(confirmed),
-            tuple(lines), time.perf_counter() - t0, len(made), trial=trial,
+            tuple(lines), time.perf_counter() - t0, len(made), trial=trial, base=base,
         )  # fmt: skip
     point, found = winner
     config = _config(point.choice, names)
-    step = "" if point.step_s is None else f", about {format_seconds(point.step_s)} a step"
-    lines.append(f"Winner: {config}: estimated {format_bytes(found.peak_bytes or 0)}{step}.")
+    step_s = point.step_s if config.parallel is None else None  # one rank's compute, no more
+    step = "" if step_s is None else f", about {format_seconds(step_s)} a step"
+    per = "" if config.parallel is None else " on its worst rank; step time on ranks not predicted"
+    lines.append(f"Winner: {config}: estimated {format_bytes(found.peak_bytes or 0)}{per}{step}.")
     return Search(
-        budget_bytes, config, found, point.step_s, len(points), shown, tuple(confirmed),
-        tuple(lines), time.perf_counter() - t0, len(made), trial=trial,
+        budget_bytes, config, found, step_s, len(points), shown, tuple(confirmed),
+        tuple(lines), time.perf_counter() - t0, len(made), trial=trial, base=base,
     )  # fmt: skip
 
 
@@ -237,7 +273,19 @@ def _config(c: Choice, names: Sequence[str]) -> Config:
         precision=c.precision,
         optimizer=c.optimizer,
         accumulate=c.accumulate,
+        parallel=c.parallel,
+        world_size=c.world_size,
     )
+
+
+def _world_sizes(sizes: Sequence[int]) -> list[int]:
+    """The world sizes searched, checked; ValueError saying what is allowed."""
+    found = list(sizes) if isinstance(sizes, (list, tuple, range)) else None
+    if not found or any(isinstance(n, bool) or not isinstance(n, int) for n in found):
+        raise ValueError(f"world_sizes is a list of rank counts such as (1, 2, 4), got {sizes!r}")
+    for n in found:
+        Config(parallel="ddp" if n > 1 else None, world_size=n)  # WORLD_SIZES_HELP where wrong
+    return sorted(set(found))
 
 
 def _optimizers() -> tuple[str, ...]:
