@@ -22,8 +22,9 @@ from torch import nn
 
 from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.checkpointing import Checkpointing, checkpoint_targets
-from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, Config
-from jupyter_gpumem.techniques.optimizers import ParkedState, build_optimizer
+from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, OPTIMIZERS, Config
+from jupyter_gpumem.techniques.lora import Lora
+from jupyter_gpumem.techniques.optimizers import ParkedState, build_optimizer, optimizer_name
 from jupyter_gpumem.techniques.parallel import check_group, parallelize
 from jupyter_gpumem.techniques.precision import Precision
 
@@ -142,11 +143,25 @@ def _apply(
             )
     found: list[str] = []
     new_optimizer = None
-    if config.optimizer is not None:
+    trained_by = config.optimizer
+    if config.lora is not None and trained_by is None:
+        trained_by = optimizer_name(optimizer_obj)  # the user's algorithm, over the adapters
+        if trained_by not in OPTIMIZERS:
+            raise ValueError(
+                f"lora trains its adapters with the optimizer's algorithm, and {trained_by!r} is "
+                f"not one of {', '.join(OPTIMIZERS)}: name one with optimizer="
+            )
+    if config.optimizer is not None and config.lora is None:
         new_optimizer, found = build_optimizer(config.optimizer, model, optimizer_obj)
     undo: list[Callable[[], Any]] = []
     precision = None
     try:
+        if config.lora is not None:
+            lora = Lora(model, config.lora)
+            undo.append(lora.revert)
+            assert trained_by is not None
+            new_optimizer, more = build_optimizer(trained_by, model, None)  # the adapters alone
+            found.extend(more)
         if new_optimizer is not None and optimizer_obj is not None:
             undo.append(ParkedState(optimizer_obj).revert)
         if config.precision is not None:

@@ -57,6 +57,18 @@ def check_checkpoint_spec(spec: object) -> str | tuple[str, ...] | None:
     raise ValueError(f"bad checkpoint spec {spec!r}. {CHECKPOINT_HELP}")
 
 
+LORA_HELP = "lora is the adapters' rank: a whole number from 1 to 1024 (None: no LoRA)"
+
+
+def check_lora(rank: object) -> int | None:
+    """The LoRA rank, or ValueError saying what is allowed."""
+    if rank is None:
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 1024:
+        raise ValueError(f"{LORA_HELP}, got {repr(rank)[:40]}")
+    return rank
+
+
 def check_precision(name: object) -> str | None:
     """The precision name, or ValueError listing PRECISIONS."""
     if name is not None and name not in PRECISIONS:
@@ -112,6 +124,7 @@ class Config:
     parallel: str | None = None  # one of PARALLELS (None = one process)
     world_size: int = 1  # with parallel: the number of ranks
     accumulate: int = 1  # micro-batches per optimizer step (see techniques.accumulation)
+    lora: int | None = None  # the rank of LoRA adapters trained alone (see techniques.lora)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
@@ -120,6 +133,7 @@ class Config:
         check_optimizer(self.optimizer)
         check_parallel(self.parallel, self.world_size)
         check_accumulate(self.accumulate)
+        check_lora(self.lora)
 
     @property
     def single(self) -> Config:
@@ -146,6 +160,8 @@ class Config:
             parts.append(self.optimizer)
         if self.accumulate > 1:
             parts.append(f"accumulate {self.accumulate}")
+        if self.lora is not None:
+            parts.append(f"lora r{self.lora}")
         if self.parallel is not None:
             parts.append(f"{self.parallel} × {self.world_size}")  # noqa: RUF001  # a label
         return " · ".join(parts) if parts else "baseline"

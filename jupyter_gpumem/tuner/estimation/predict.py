@@ -55,6 +55,7 @@ _SETTINGS = (
     "parallel",
     "world_size",
     "accumulate",
+    "lora",
 )
 
 
