@@ -77,3 +77,30 @@ def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within
     assert measured.peak_allocated_bytes is not None and measured.peak_allocated_bytes <= budget
     with pytest.raises(ValueError, match="world_size is the number of ranks"):
         trial.search(budget, world_sizes=(0,))
+
+
+def test_lora_is_taken_only_when_allowed_and_its_winner_measures_within() -> None:
+    """Weights and AdamW state outweigh the activations: without LoRA no single process fits
+    below them; allowed, adapters trained alone fit, and the first line says what changed."""
+    from torch import nn
+
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).square().mean()
+
+    trial = Trial(model, torch.randn(8, 256), loss_fn, optimizer=opt, warmup=1, steps=2)
+    base = trial.estimate()
+    assert base.peak_bytes is not None
+    budget = int(0.8 * base.peak_bytes)
+    kept = trial.search(budget, measure=False)
+    assert kept.config is None and "The full model is trained" in kept.reasoning[0]
+    found = trial.search(budget, measure=False, allow=("lora",))
+    assert found.config is not None and found.config.lora is not None, found.text()
+    assert "LoRA adapters may be trained" in found.reasoning[0]
+    measured = found.verify()
+    assert measured.status == "ok", measured.error
+    assert measured.peak_allocated_bytes is not None and measured.peak_allocated_bytes <= budget

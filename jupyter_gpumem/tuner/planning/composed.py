@@ -14,6 +14,8 @@ as:
   (taken ``k / n`` of the way) and by the share that the most micro-batches kept (taken
   ``(1 - 1/a) / (1 - 1/A)`` of the way: activations go with the micro-batch);
 - step time: the baseline's, times each technique's measured factor, scaled the same ways;
+- with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
+  part's share kept;
 - on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
   one rank's compute, the same for every candidate of that strategy and world size).
 
@@ -61,18 +63,13 @@ class Choice:
     accumulate: int
     parallel: str | None = None
     world_size: int = 1
+    lora: int | None = None  # the adapters' rank: the base frozen, the adapters trained
 
     @property
     def changes(self) -> int:
         """How many techniques it changes from the user's step."""
-        return sum(
-            (
-                self.precision is not None,
-                self.optimizer is not None,
-                self.blocks > 0,
-                self.accumulate > 1,
-            )
-        )
+        changed = (self.precision, self.optimizer, self.lora)
+        return sum(c is not None for c in changed) + (self.blocks > 0) + (self.accumulate > 1)
 
 
 @dataclass(frozen=True)
@@ -88,12 +85,16 @@ class Anchors:
     most_accumulate: int  # the most micro-batches tried (1: accumulation not tried)
     # each strategy and world size alone, its worst rank: what it changes is added to the rest
     ranks: Mapping[tuple[str, int], Anchor] = field(default_factory=dict)
+    lora: Anchor | None = None  # LoRA alone, where allowed
 
     def peak(self, c: Choice) -> int:
         mine = self.precision[c.precision]
         optimizer = self.optimizer[c.optimizer].optimizer_bytes - self.base.optimizer_bytes
         static = mine.static_bytes + optimizer
         dynamic = mine.dynamic_bytes * self._kept(c)
+        if c.lora is not None and self.lora is not None:  # its gradients and state, the adapters'
+            static += self.lora.static_bytes - self.base.static_bytes
+            dynamic *= self.lora.dynamic_bytes / max(self.base.dynamic_bytes, 1)
         if c.parallel is not None:
             static += self.ranks[(c.parallel, c.world_size)].peak_bytes - self.base.peak_bytes
         return max(0, int(static + dynamic))
@@ -106,6 +107,10 @@ class Anchors:
         if base is None or own is None or other is None or min(base, own, other) <= 0:
             return None
         factor = (own / base) * (other / base)
+        if c.lora is not None:
+            if self.lora is None or self.lora.step_s is None:
+                return None
+            factor *= self.lora.step_s / base
         if c.blocks:
             whole = self.all_blocks[c.precision].step_s
             if whole is None:

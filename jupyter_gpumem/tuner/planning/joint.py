@@ -17,7 +17,7 @@ With ``world_sizes``, DDP and FSDP2 on N ranks are candidates too: each strategy
 is estimated alone (its worst rank), and what it changes is added to every combination.
 
 Known limitations:
-- Offloading and LoRA are not among the candidates yet; step times on N ranks are not predicted.
+- Offloading is not among the candidates yet; step times on N ranks are not predicted.
 - Blocks are checkpointed from the first on (alike blocks free alike bytes).
 """
 
@@ -54,6 +54,7 @@ __all__ = ["Search", "search"]
 
 ACCUMULATE = (2, 4, 8)  # micro-batches tried, where the batch splits so
 CONFIRM = 8  # candidates estimated on their own, at most, before the search gives up
+LORA_RANK = 16  # the adapters' rank where LoRA is allowed
 Progress = Callable[[str], None]
 
 
@@ -127,14 +128,16 @@ def search(
 ) -> Search:
     """The cheapest combination of techniques estimated within ``budget`` (bytes or a size).
 
-    ``allow`` names changes to the training math ("optimizer", "pure-bf16"); ``measure`` runs
+    ``allow`` names changes to the training math ("optimizer", "pure-bf16", "lora"); ``measure`` runs
     the anchors for their step times (by default where the model holds weights). With
     ``world_sizes`` beyond 1, DDP and FSDP2 on those ranks are searched too, the budget per
     rank: the fewest GPUs that fit win, DDP before FSDP2, then the cheapest candidate.
     """
     t0 = time.perf_counter()
     budget_bytes = budget_of(budget)
-    changes = changes_of(allow)
+    allow = (allow,) if isinstance(allow, str) else tuple(allow)
+    lora_allowed = "lora" in allow
+    changes = changes_of([a for a in allow if a != "lora"])
     say = progress or (lambda _: None)
     workload = trial.workload
     model = workload.model
@@ -144,7 +147,13 @@ def search(
     limit = int(budget_bytes * (1 - SAFETY))
     sizes = _world_sizes(world_sizes)
     own = optimizer_name(workload.optimizer)
-    lines = [math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
+    trained = (
+        " LoRA adapters may be trained in place of the full model (allowed), which changes what "
+        "is trained."
+        if lora_allowed
+        else " The full model is trained (allow 'lora' for adapters)."
+    )
+    lines = [math_line(own, changes) + trained, f"Budget: {format_bytes(budget_bytes)}."]
     now = precision_name(model)
     precisions: list[str | None] = [None] + [
         p for p in PRECISIONS if p != now and (p != "bf16" or "pure-bf16" in changes)
@@ -198,6 +207,9 @@ def search(
         for p, o, k, a in itertools.product(kept_p, kept_o, counts, [1, *splits])
         if (not k or p in all_blocks) and (a == 1 or p in most_micro)
     ]
+    lora = anchor(Config(lora=LORA_RANK)) if lora_allowed and own is not None else None
+    if lora is not None:
+        choices += [replace(c, lora=LORA_RANK) for c in choices if c.optimizer is None]
     ranks: dict[tuple[str, int], Anchor] = {}
     for n in sizes:
         for strategy in PARALLELS if n > 1 else ():
@@ -208,7 +220,7 @@ def search(
     choices = [replace(c, parallel=g[0], world_size=g[1]) for g in groups for c in choices]
     anchors = Anchors(
         base, {p: by_precision[p] for p in kept_p}, {o: by_optimizer[o] for o in kept_o},  # type: ignore[misc]
-        all_blocks, most_micro, len(names), most, ranks,
+        all_blocks, most_micro, len(names), most, ranks, lora,
     )  # fmt: skip
     points = compose(anchors, choices)
     lines.append(
@@ -275,6 +287,7 @@ def _config(c: Choice, names: Sequence[str]) -> Config:
         accumulate=c.accumulate,
         parallel=c.parallel,
         world_size=c.world_size,
+        lora=c.lora,
     )
 
 
