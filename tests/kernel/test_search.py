@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from jupyter_gpumem.techniques import Config
 from jupyter_gpumem.tuner.planning.plan import SAME_ALGORITHM
 from jupyter_gpumem.tuner.trial import Trial
 from tests.kernel.test_estimate import TinyGPT, _gpt, _gpt_batch, _gpt_loss, _trained
+
+
+def _weights_heavy() -> Trial:
+    """Four blocks whose weights and AdamW state outweigh the activations of a small batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).square().mean()
+
+    return Trial(model, torch.randn(8, 256), loss_fn, optimizer=opt, warmup=1, steps=2)
 
 
 def test_the_winner_fits_when_measured_and_keeps_the_training_math() -> None:
@@ -52,16 +65,7 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
 def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within() -> None:
     """A model whose weights and AdamW state outweigh its activations fits no single process
     below them, whatever is checkpointed or accumulated: FSDP2 on two ranks shards them."""
-    from torch import nn
-
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return m(x).square().mean()
-
-    trial = Trial(model, torch.randn(8, 256), loss_fn, optimizer=opt, warmup=1, steps=2)
+    trial = _weights_heavy()
     alone = trial.search(10**9, measure=False)  # everything fits: the least change, one process
     assert alone.config == Config()
     base = trial.estimate()
@@ -82,17 +86,8 @@ def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within
 def test_lora_is_taken_only_when_allowed_and_its_winner_measures_within() -> None:
     """Weights and AdamW state outweigh the activations: without LoRA no single process fits
     below them; allowed, adapters trained alone fit, and the first line says what changed."""
-    from torch import nn
-
     pytest.importorskip("peft")
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return m(x).square().mean()
-
-    trial = Trial(model, torch.randn(8, 256), loss_fn, optimizer=opt, warmup=1, steps=2)
+    trial = _weights_heavy()
     base = trial.estimate()
     assert base.peak_bytes is not None
     budget = int(0.8 * base.peak_bytes)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.tuner.estimation.estimate import Estimate, EstimateUnavailable
-from jupyter_gpumem.tuner.estimation.generation import estimate_generate
+from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.estimation.generation import estimate_generate, peaks_of
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.units import format_bytes, format_seconds
 
@@ -182,8 +182,8 @@ def max_generate_context(
         )
     made: dict[int, Estimate] = {}
 
-    def peak(n: int) -> int:
-        made[n] = estimate_generate(
+    def prompt_of(n: int) -> Estimate:
+        return estimate_generate(
             model,
             batch_size=batch_size,
             prompt_tokens=n,
@@ -191,11 +191,8 @@ def max_generate_context(
             device=device,
             **generate_kwargs,
         )
-        if made[n].peak_bytes is None:
-            raise EstimateUnavailable(
-                f"a prompt of {n} tokens cannot be estimated: {made[n].reason}"
-            )
-        return made[n].peak_bytes or 0
+
+    peak = peaks_of(prompt_of, made, "a prompt of {} tokens")
 
     high = None if limit is None else limit - max_new_tokens
     found = largest_fitting(peak, budget_bytes, 1, high, "prompt length")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,7 +45,7 @@ from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
 from jupyter_gpumem.tuner.workload import indexed
 
-__all__ = ["estimate_generate", "max_generate_batch"]
+__all__ = ["estimate_generate", "max_generate_batch", "peaks_of"]
 
 
 def estimate_generate(
@@ -128,8 +128,8 @@ def max_generate_batch(
     t0 = time.perf_counter()
     made: dict[int, Estimate] = {}
 
-    def peak(n: int) -> int:
-        made[n] = estimate_generate(
+    def batch_of(n: int) -> Estimate:
+        return estimate_generate(
             model,
             batch_size=n,
             prompt_tokens=prompt_tokens,
@@ -137,15 +137,29 @@ def max_generate_batch(
             device=device,
             **generate_kwargs,
         )
-        if made[n].peak_bytes is None:
-            raise EstimateUnavailable(f"batch size {n} cannot be estimated: {made[n].reason}")
-        return made[n].peak_bytes or 0
 
+    peak = peaks_of(batch_of, made, "batch size {}")
     size = largest_fitting(peak, budget_bytes, low, high, "batch size")
     tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
     return BatchSearch(
         size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
     )
+
+
+def peaks_of(
+    estimate: Callable[[int], Estimate], made: dict[int, Estimate], what: str
+) -> Callable[[int], int]:
+    """The peak of each size for :func:`~.search.largest_fitting`, its estimate kept in
+    ``made``; a size that cannot be estimated raises :class:`~.estimate.EstimateUnavailable`
+    naming it (``what`` is formatted with the size: ``"batch size {}"``)."""
+
+    def peak(n: int) -> int:
+        made[n] = found = estimate(n)
+        if found.peak_bytes is None:
+            raise EstimateUnavailable(f"{what.format(n)} cannot be estimated: {found.reason}")
+        return found.peak_bytes
+
+    return peak
 
 
 def _labelled(found: Estimate, label: str) -> Estimate:
