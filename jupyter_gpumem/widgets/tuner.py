@@ -17,10 +17,18 @@ Apply applies the rest of it and says so. "Will it fit on N GPUs?" (`estimate_gp
 the configuration on 1, 2, 4 and 8 GPUs with each strategy and draws each rank's peak against
 the budget; Re-run with GPUs > 1 measures the ranks, shown outlined in the same chart.
 
+"Search", with a trial and a budget, runs `Trial.search` over checkpointed blocks x precision x
+optimizer variant x gradient accumulation (the optimizer's algorithm only when "fit may change"
+ticks it), verifies the winner by a measured run where the model holds weights, and draws the
+front: memory saved against step-time cost, the budget line, the winner. The panel then holds
+exactly the winner, its micro-batches too (the line under the selectors names them), so Apply
+applies it; ``tuner.searched`` keeps the `Search`.
+
 Every button calls a public method (`set`, `apply`, `revert`, `rerun`, `compare`, `fit`,
-`estimate_gpus`), so notebooks and tests drive the same code; a button never lets an exception
-escape, it shows the message in the panel. Apply and Revert say in the status line what they
-did; after Revert (or before any Apply) ``tuner.applied`` is the model as it is and says so.
+`search`, `estimate_gpus`), so notebooks and tests drive the same code; a button never lets an
+exception escape, it shows the message in the panel. Apply and Revert say in the status line
+what they did; after Revert (or before any Apply) ``tuner.applied`` is the model as it is and
+says so.
 
 "Fit to budget" changes what "fit may change" allows: checkpointing and precision by default,
 the optimizer only when ticked, since it is the user's training math. Its first line says what
@@ -67,15 +75,18 @@ from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
 from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
 from jupyter_gpumem.tuner.planning.fit import FitChoice, fit_to_budget
+from jupyter_gpumem.tuner.planning.joint import Search, search
 from jupyter_gpumem.tuner.planning.plan import Plan, fit_plan
 from jupyter_gpumem.tuner.results import TrialResult, cell_result
 from jupyter_gpumem.tuner.trial import Trial
+from jupyter_gpumem.tuner.workload import holds_no_weights
 from jupyter_gpumem.units import SIZE_HELP, echoed_kind, parse_size
 from jupyter_gpumem.widgets.chart_labels import chart_label
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS, choice_line, kept_line, plan_html
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
+from jupyter_gpumem.widgets.search_chart import reasoning_html
 from jupyter_gpumem.widgets.tuner_charts import AS_IS, GPUS_BUTTON, message_html, rows_text
-from jupyter_gpumem.widgets.tuner_panel import Module, Panel
+from jupyter_gpumem.widgets.tuner_panel import SEARCH_BUTTON, SEARCH_NEEDS, Module, Panel
 
 __all__ = ["Tuner", "tune"]
 
@@ -89,6 +100,11 @@ NEEDS_TRIAL = (
     "estimates on GPUs need a trial: tune(model, 'opt', trial=Trial(model, batch, loss_fn)), "
     "where loss_fn(model, batch) returns the loss"
 )
+ACCUMULATE_HELP = (
+    "accumulate {k}: loop over tuner.applied.micro_batches(batch), calling "
+    "tuner.applied.backward(loss) for each, then tuner.applied.step() once"
+)
+UNMEASURED = "Not measured: the model holds no weights (meta device); load them to verify."
 _MISSING = object()
 
 
@@ -120,6 +136,8 @@ class Tuner(widgets.VBox):
         self.model, self.optimizer_name, self.trial, self.shell = model, optimizer, trial, shell
         self.results: list[TrialResult] = []
         self.plan: Plan | None = None  # the last plan "Fit to budget" made (with a trial)
+        self.searched: Search | None = None  # the last search "Search" made
+        self._accumulate = 1  # micro-batches: no control of its own; Search and set() set it
         self.gpu_estimates: list[Estimate] = []  # the last "Will it fit on N GPUs?", in order
         self._applied: Applied | None = None
         self._gpu_base: Config | None = None  # the techniques the per-rank chart shows
@@ -130,6 +148,7 @@ class Tuner(widgets.VBox):
         self._busy = False
         self.panel = self._build_panel()
         super().__init__(self.panel.children)
+        self._show_config()
         if budget is not None:
             self.panel.budget.value = str(budget)  # validated by the observer, like typed input
             self.set_budget(budget)
@@ -153,6 +172,7 @@ class Tuner(widgets.VBox):
             optimizer=self.panel.optimizer.value or None,
             parallel=self.panel.strategy.value if gpus > 1 else None,
             world_size=gpus,
+            accumulate=self._accumulate,
         )
 
     def set(self, config: Config) -> None:
@@ -175,6 +195,8 @@ class Tuner(widgets.VBox):
             self.panel.set_gpus(config.world_size)
             if config.parallel is not None:
                 self.panel.strategy.value = config.parallel
+        self._accumulate = config.accumulate
+        self._show_config()
 
     @property
     def applied(self) -> Applied:
@@ -202,6 +224,8 @@ class Tuner(widgets.VBox):
         applied = self._apply(config.single)
         if config.parallel is not None:
             self.panel.say("info", [parallel_not_applied(config)])
+        if config.accumulate > 1:
+            self.panel.say("info", [ACCUMULATE_HELP.format(k=config.accumulate)])
         rebound = (
             f"; {self.optimizer_name} now names a new {type(applied.optimizer).__name__} "
             "(Revert gives the original back)"
@@ -338,6 +362,7 @@ class Tuner(widgets.VBox):
             self.budget_bytes = budget
         else:
             self.budget_bytes = parse_size(budget)
+        self.panel.enable_search(budget=self.budget_bytes is not None)
         self._refresh()
         return self.budget_bytes
 
@@ -359,6 +384,7 @@ class Tuner(widgets.VBox):
             raise ValueError("set a budget first, e.g. tuner.fit('12GiB')")
         if techniques is None:
             techniques = [n for n, box in self.panel.fit_techniques.items() if box.value]
+        self.panel.hide_search()  # the panel shows one answer: this fit's
         if self.trial is not None:
             return self._fit_plan(self.trial, self.budget_bytes, techniques)
         if not self.results:
@@ -381,6 +407,60 @@ class Tuner(widgets.VBox):
         first, *rest = (html.escape(line) for line in lines)
         self.panel.fit_text.value = f"<b>{first}</b><br>" + "<br>".join(rest)
         return choice
+
+    def search(self, budget: str | int | None = None, allow: Sequence[str] | None = None) -> Search:
+        """Search every combination of techniques within the budget (`Trial.search`), verify
+        the winner where the model holds weights, and show the front and the reasoning.
+
+        ``allow`` names changes to the training math (by default "optimizer" when "fit may
+        change" ticks it). The panel then holds exactly the winner, so Apply applies it; the
+        verified run joins the table (after the baseline, measured once if it is not yet).
+        Returns the `Search`; ``tuner.searched`` keeps it.
+        """
+        if self.trial is None:
+            raise RuntimeError(SEARCH_NEEDS["trial"])
+        if budget is not None:
+            self.set_budget(budget)
+        if self.budget_bytes is None:
+            raise ValueError("set a budget first, e.g. tuner.search('12GiB')")
+        if allow is None:
+            allow = ("optimizer",) if self.panel.fit_techniques["optimizer"].value else ()
+        if self._busy:
+            raise RuntimeError("the tuner is already measuring")
+        trial, weights = self.trial, not holds_no_weights(self.trial.model)
+        self._busy = True
+        added: list[TrialResult] = []
+        try:
+            with self._trial_scope():
+                found = search(trial, self.budget_bytes, allow=allow, progress=self._progress)
+                if found.config is not None and weights:
+                    self.panel.status.value = f"verifying {found.config}"
+                    found.verify()
+                    if self.baseline is None:  # the table's deltas need one
+                        self.panel.status.value = "measuring the baseline for the table"
+                        added.append(trial.run(Config()))
+        finally:
+            self._busy = False
+        if found.result is not None:
+            added.append(replace(found.result, label=f"search · {found.result.label}"))
+        self.results.extend(added)
+        self.searched = found
+        if found.config is not None:
+            self.set(found.config)
+        self.panel.fit_text.value = ""  # the panel shows one answer: this search's
+        unmeasured = UNMEASURED if not weights else ""
+        self.panel.show_search(
+            found, reasoning_html(found, on_cpu=self.on_cpu, unmeasured=unmeasured)
+        )
+        self.panel.status.value = (
+            "searched: nothing fits"
+            if found.config is None
+            else "searched and verified"
+            if found.result is not None
+            else "searched"
+        )
+        self._refresh()
+        return found
 
     def _now(self) -> dict[str, Any]:
         """The blocks, and the precision and optimizer as they are, for `choice_line`."""
@@ -546,15 +626,34 @@ class Tuner(widgets.VBox):
             precision_now=precision_name(self.model),
             optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
             on_cpu=self.on_cpu,
+            trial=self.trial is not None,
         )
         actions: dict[str, Callable[[], object]] = {
             "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,
-            GPUS_BUTTON: self.estimate_gpus,
+            SEARCH_BUTTON: self.search, GPUS_BUTTON: self.estimate_gpus,
         }  # fmt: skip
         for name, action in actions.items():
             panel.buttons[name].on_click(self._guard(action))
         panel.budget.observe(self._on_budget, names="value")
+        for control in (
+            panel.all_blocks,
+            panel.modules,
+            panel.regex,
+            panel.every,
+            panel.precision,
+            panel.optimizer,
+            panel.gpus,
+            panel.strategy,
+        ):
+            control.observe(self._show_config, names="value")
         return panel
+
+    def _show_config(self, _: Any = None) -> None:
+        """The configuration line under the selectors: what Apply would apply."""
+        try:
+            self.panel.show_config(str(self.config))
+        except ValueError as exc:
+            self.panel.show_config("", error=str(exc))
 
     def _guard(self, action: Callable[[], object]) -> Callable[[Any], None]:
         """A button callback: run ``action``, show any exception as text in the panel."""

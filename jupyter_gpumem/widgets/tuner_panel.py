@@ -1,5 +1,10 @@
 """The technique tuner's form in its layout, without behaviour: `Tuner` wires it.
 
+"Search" (with a trial and a budget) shows what ``Trial.search`` found: its reasoning beside
+the chart of its front (`jupyter_gpumem.widgets.search_chart`). A line under the selectors names
+the configuration the panel holds, gradient accumulation included, which has no control of its
+own: Search sets it, Apply applies it.
+
 Checkpointing offers the model's repeated blocks first: "all N blocks" and a toggle per block
 beside its activations at the peak. Everything else (other modules, every n-th, a regex) is
 behind the "more checkpoint choices" disclosure, open only for a model without repeated blocks;
@@ -10,8 +15,9 @@ the charts are not drawn and a line says when they come.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ipywidgets as widgets
 
@@ -19,6 +25,7 @@ from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS
 from jupyter_gpumem.widgets.block_bars import BlockBars
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
+from jupyter_gpumem.widgets.search_chart import SearchChart
 from jupyter_gpumem.widgets.tuner_charts import (
     AS_IS,
     CATEGORY_COLORS,
@@ -30,13 +37,21 @@ from jupyter_gpumem.widgets.tuner_charts import (
     rows_html,
 )
 
-__all__ = ["CHARTS_LATER", "FIT_TECHNIQUES", "Module", "Panel", "gpu_options"]
+if TYPE_CHECKING:
+    from jupyter_gpumem.tuner.planning.joint import Search
+
+__all__ = ["CHARTS_LATER", "FIT_TECHNIQUES", "SEARCH_BUTTON", "Module", "Panel", "gpu_options"]
 
 # What "Fit to budget" may change, and whether it may by default: the optimizer is the user's
 # training math, so a fit keeps it unless asked.
 FIT_TECHNIQUES = {"checkpoint": True, "precision": True, "optimizer": False}
 CHARTS_LATER = "The charts appear after the first measurement: press Re-run or Fit to budget."
 NO_BREAKDOWN = "No measurement has a breakdown to chart yet (see the notes in the table)."
+SEARCH_BUTTON = "Search"
+SEARCH_NEEDS = {
+    "trial": "Search needs a trial: tune(model, 'opt', trial=Trial(model, batch, loss_fn))",
+    "budget": "Search needs a budget: type one, e.g. 12GiB",
+}
 
 
 class Module(NamedTuple):
@@ -69,8 +84,10 @@ class Panel:
         precision_now: str | None = None,
         optimizer_now: str | None = None,
         on_cpu: bool = False,
+        trial: bool = False,
     ) -> None:
         self.blocks = tuple(blocks)
+        self._trial = trial
         self._modules = {m.name: m for m in modules}
         self.modules = widgets.SelectMultiple(
             options=self._options(single=False),
@@ -147,9 +164,12 @@ class Panel:
             name: widgets.Button(description=name, button_style=style)
             for name, style in (
                 ("Apply", "primary"), ("Revert", ""), ("Re-run", "success"),
-                ("Fit to budget", "info"), (GPUS_BUTTON, "warning"),
+                ("Fit to budget", "info"), (SEARCH_BUTTON, "info"), (GPUS_BUTTON, "warning"),
             )
         }  # fmt: skip
+        self.enable_search(budget=False)
+        # the configuration the panel holds, in words: what Apply applies
+        self.configuration = widgets.HTML(layout=widgets.Layout(margin="0 0 0 8px"))
         self.buttons[GPUS_BUTTON].layout.width = "auto"  # its question whole
         self.progress = widgets.IntProgress(min=0, max=1, layout=widgets.Layout(width="30%"))
         self.status = widgets.Label("not measured yet")
@@ -158,6 +178,10 @@ class Panel:
         # a standing note under the table: CPU step times carry the tracker's cost
         self.steps_note = widgets.HTML(_muted(CPU_STEPS) if on_cpu else "")
         self.fit_text = widgets.HTML()
+        # what Search found: its reasoning beside the chart of its front; empty until then
+        self.search_text = widgets.HTML(layout=widgets.Layout(flex="1 1 0", padding="0 0 0 12px"))
+        self.search_chart = SearchChart()
+        self.search_view = widgets.HBox()
         self.breakdown, self.tradeoff = BreakdownChart(), TradeoffChart()
         self.charts = widgets.HBox()  # empty until a run has something to draw
         self.charts_note = widgets.HTML(_muted(CHARTS_LATER))
@@ -183,6 +207,7 @@ class Panel:
             checkpoint,
             self.more,
             widgets.HBox([self.precision, self.optimizer, self.gpus, self.strategy]),
+            self.configuration,
             widgets.HBox(list(self.buttons.values())),
             widgets.HBox(
                 [
@@ -195,6 +220,7 @@ class Panel:
             widgets.HBox([self.progress, self.status]),
             self.messages,
             self.fit_text,
+            self.search_view,
             self.table,
             self.steps_note,
             self.charts_note,
@@ -240,6 +266,38 @@ class Panel:
 
     def _on_gpus(self, change: dict[str, Any]) -> None:
         self.strategy.disabled = change["new"] == 1
+
+    def enable_search(self, *, budget: bool) -> None:
+        """Search is pressable with a trial and a budget; its tooltip says what it lacks."""
+        missing = [
+            SEARCH_NEEDS[k] for k, has in (("trial", self._trial), ("budget", budget)) if not has
+        ]
+        button = self.buttons[SEARCH_BUTTON]
+        button.disabled = bool(missing)
+        button.tooltip = (
+            "; ".join(missing)
+            if missing
+            else "search every combination of techniques within the budget"
+        )
+
+    def show_config(self, text: str, error: str | None = None) -> None:
+        """The configuration line: ``text``, or what is wrong with the selections."""
+        if error is not None:
+            self.configuration.value = message_html("error", f"configuration: {error}")
+        else:
+            self.configuration.value = _muted(
+                f"configuration: {html.escape(text)} (Apply applies it)"
+            )
+
+    def show_search(self, found: Search, reasoning_html: str) -> None:
+        """What Search found: ``reasoning_html`` beside the chart of ``found``'s front."""
+        self.search_chart.update(found, self.blocks)
+        self.search_text.value = reasoning_html
+        self.search_view.children = (self.search_chart.widget, self.search_text)
+
+    def hide_search(self) -> None:
+        self.search_view.children = ()
+        self.search_text.value = ""
 
     def say(self, kind: str, lines: Sequence[str]) -> None:
         """Add lines to the message area."""
