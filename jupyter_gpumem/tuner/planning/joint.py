@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jupyter_gpumem.techniques import PARALLELS, PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
@@ -161,7 +161,7 @@ def search(
     optimizers: list[str | None] = [None]
     if own is not None:
         same = SAME_ALGORITHM.get(own, ())
-        others = [o for o in _optimizers() if o != own and ("optimizer" in changes or o in same)]
+        others = [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
         optimizers += others
     names = tuple(blocks(model))
     splits = [a for a in ACCUMULATE if _splits(workload.batch, a)]
@@ -299,12 +299,6 @@ def _world_sizes(sizes: Sequence[int]) -> list[int]:
     for n in found:
         Config(parallel="ddp" if n > 1 else None, world_size=n)  # WORLD_SIZES_HELP where wrong
     return sorted(set(found))
-
-
-def _optimizers() -> tuple[str, ...]:
-    from jupyter_gpumem.techniques import OPTIMIZERS
-
-    return OPTIMIZERS
 
 
 def _splits(batch: Any, k: int) -> bool:
