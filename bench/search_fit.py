@@ -1,7 +1,7 @@
 """Make it fit: ``Trial.search`` against a brute-force grid measured for real.
 
     python bench/search_fit.py bench/results/search_fit_h100.json [--only gpt2-medium|vit-l16]
-        [--shares 0.6 0.4 0.25] [--grid-only] [--no-grid]
+        [--shares 0.6 0.4 0.25] [--no-grid]
 
 For each workload (GPT-2 medium, 355M, batch 8 x 1024; ViT-L/16, batch 64; fp32 AdamW) the
 baseline is measured, then for each budget (a share of the baseline's measured peak) the
@@ -76,7 +76,7 @@ def grid(trial: Any) -> list[Any]:
     ]
 
 
-def one(name: str, shares: list[float], with_grid: bool) -> dict[str, Any]:
+def one(name: str, shares: list[float], with_grid: bool, save: Any) -> dict[str, Any]:
     import torch
 
     from jupyter_gpumem.techniques import Config
@@ -85,6 +85,12 @@ def one(name: str, shares: list[float], with_grid: bool) -> dict[str, Any]:
     base = trial.run(Config())
     peak = base.peak_allocated_bytes
     measured: dict[str, dict[str, Any]] = {}
+    budgets: list[dict[str, Any]] = []
+    result = {
+        "workload": name, "baseline_peak": peak, "baseline_step_s": base.step_s,
+        "grid": measured, "budgets": budgets, "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+    }  # fmt: skip
     if with_grid:
         for config in grid(trial):
             r = trial.run(config)
@@ -94,7 +100,7 @@ def one(name: str, shares: list[float], with_grid: bool) -> dict[str, Any]:
                 "status": r.status,
             }
             print(json.dumps({"grid": str(config), **measured[str(config)]}), flush=True)
-    budgets = []
+        save(result)
     for share in shares:
         budget = int(share * peak)
         t0 = time.perf_counter()
@@ -125,11 +131,8 @@ def one(name: str, shares: list[float], with_grid: bool) -> dict[str, Any]:
                 row["winner_vs_fastest_pct"] = 100 * (row["measured_step_s"] / fastest[0] - 1)
         print(json.dumps({k: v for k, v in row.items() if k != "reasoning"}), flush=True)
         budgets.append(row)
-    return {
-        "workload": name, "baseline_peak": peak, "baseline_step_s": base.step_s,
-        "grid": measured, "budgets": budgets, "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-    }  # fmt: skip
+        save(result)  # a run cut short keeps the budgets done
+    return result
 
 
 def main() -> None:
@@ -139,9 +142,17 @@ def main() -> None:
     parser.add_argument("--shares", type=float, nargs="+", default=[0.6, 0.4, 0.25])
     parser.add_argument("--no-grid", action="store_true", help="the search alone (its time)")
     args = parser.parse_args()
-    results = [one(name, args.shares, not args.no_grid) for name in args.only or WORKLOADS]
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"machine": platform.node(), "workloads": results}, indent=1))
+    results: list[dict[str, Any]] = []
+
+    def save(current: dict[str, Any]) -> None:
+        workloads = [*results, current]
+        args.output.write_text(
+            json.dumps({"machine": platform.node(), "workloads": workloads}, indent=1)
+        )
+
+    for name in args.only or WORKLOADS:
+        results.append(one(name, args.shares, not args.no_grid, save))
 
 
 if __name__ == "__main__":
