@@ -16,6 +16,7 @@ OPTIMIZERS = (
     "adamw-fused",
     "adafactor",
     "adamw-8bit",
+    "adamw-paged-8bit",
     "lion",
 )
 PARALLELS = ("ddp", "fsdp2")

@@ -12,7 +12,10 @@ Known limitations:
 - Lion usually wants a 3-10x smaller lr than AdamW; the lr is carried as is.
 - adamw-fused falls back to the default AdamW (with a warning) where torch has no fused
   kernel for the parameters' device or dtype; torch >= 2.4 has one for CPU and CUDA.
-- adamw-8bit (bitsandbytes) needs CUDA parameters; bitsandbytes raises otherwise.
+- adamw-8bit and adamw-paged-8bit (bitsandbytes) need CUDA parameters; bitsandbytes raises
+  otherwise. The paged variant keeps its larger state tensors in CUDA unified memory, outside
+  PyTorch's allocator: a measured peak leaves them out (the driver pages them to the host under
+  pressure), and an estimate says so rather than give a figure.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from torch import nn
 
 from jupyter_gpumem.techniques.config import check_optimizer
 
-_ADAM_LIKE = ("adam", "adamw", "adamw-fused", "adamw-8bit")
+_ADAM_LIKE = ("adam", "adamw", "adamw-fused", "adamw-8bit", "adamw-paged-8bit")
 # name -> (module, class, what to pip install)
 _OPTIONAL = {
     "adamw-8bit": ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes"),
+    "adamw-paged-8bit": ("bitsandbytes.optim", "PagedAdamW8bit", "bitsandbytes"),
     "lion": ("lion_pytorch", "Lion", "lion-pytorch"),
 }
 
@@ -68,7 +72,7 @@ def optimizer_name(optimizer: object) -> str | None:
     if "adafactor" in lower:
         return "adafactor"
     if "adamw" in lower and "8bit" in lower:
-        return "adamw-8bit"
+        return "adamw-paged-8bit" if "paged" in lower else "adamw-8bit"
     if lower == "lion":
         return "lion"
     return name

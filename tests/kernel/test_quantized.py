@@ -17,6 +17,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import Faker, fake_optimizer
 from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.tuner.planning.plan import SAME_ALGORITHM
 
 bnb = pytest.importorskip("bitsandbytes")
 GEMM = torch.ops.bitsandbytes.gemm_4bit.default
@@ -134,3 +135,14 @@ def test_an_8bit_optimizer_copy_keeps_the_users_maps_and_paged_ones_say_why() ->
     paged = bnb.optim.PagedAdamW8bit(model.parameters())
     with mode, pytest.raises(Unfakeable, match=r"unified memory.*unpaged twin"):
         fake_optimizer(torch, paged, faker)
+
+
+def test_bitsandbytes_optimizers_are_named_as_the_tuner_names_them() -> None:
+    from jupyter_gpumem.techniques.optimizers import optimizer_name
+
+    params = list(torch.nn.Linear(64, 64).parameters())
+    assert optimizer_name(bnb.optim.AdamW8bit(params)) == "adamw-8bit"
+    assert optimizer_name(bnb.optim.PagedAdamW8bit(params)) == "adamw-paged-8bit"
+    # the same update, but its state is outside the allocator: plans never pick it unasked
+    assert "adamw-paged-8bit" not in SAME_ALGORITHM["adamw"]
+    assert "adamw" in SAME_ALGORITHM["adamw-paged-8bit"]

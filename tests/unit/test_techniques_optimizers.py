@@ -146,6 +146,7 @@ def test_revert_gives_back_the_original_optimizer_untouched() -> None:
     [
         ("lion", "lion_pytorch", "pip install lion-pytorch"),
         ("adamw-8bit", "bitsandbytes", "pip install bitsandbytes"),
+        ("adamw-paged-8bit", "bitsandbytes", "pip install bitsandbytes"),
     ],
 )
 def test_missing_optional_package_names_the_install(

@@ -79,11 +79,12 @@ __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
 TECHNIQUES = ("checkpoint", "precision", "optimizer")
 # What a plan changes of the user's training math only when allowed: convergence differs.
 CHANGES = ("optimizer", "pure-bf16")
-# Variants that run the same update (fused kernels, 8-bit state): allowed by default.
+# Variants that run the same update (fused kernels, 8-bit state): allowed by default. The paged
+# 8-bit variant is left to the user: its state lives outside PyTorch's allocator, where neither
+# an estimate nor a measured peak sees it, so a plan would pick it for bytes it only hides.
+_ADAMW = ("adamw", "adamw-fused", "adamw-8bit")
 SAME_ALGORITHM = {
-    "adamw": ("adamw-fused", "adamw-8bit"),
-    "adamw-fused": ("adamw", "adamw-8bit"),
-    "adamw-8bit": ("adamw", "adamw-fused"),
+    name: tuple(o for o in _ADAMW if o != name) for name in (*_ADAMW, "adamw-paged-8bit")
 }
 TIE = 0.02  # step times within 2% of the least count as equal
 SAFETY = 0.01  # share of the budget kept free for what the model does not see
