@@ -75,8 +75,13 @@ class OnHost:
         return self.tensor.to(self.device, non_blocking=self.pinned, copy=True)
 
 
+def moves_from(device: torch.device) -> bool:
+    """Whether offloading moves what is saved on ``device`` (a GPU's, not the host's)."""
+    return device.type not in STAYS
+
+
 def _moves(t: torch.Tensor) -> bool:
-    return t.device.type not in STAYS and t.layout == torch.strided
+    return moves_from(t.device) and t.layout == torch.strided
 
 
 def to_host(t: torch.Tensor) -> OnHost:

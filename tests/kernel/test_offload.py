@@ -118,3 +118,18 @@ def test_a_users_own_save_on_cpu_hides_the_tracker_as_documented() -> None:
 
     hidden = Trial(trial.model, trial.batch, theirs, optimizer=trial.optimizer).run(Config())
     assert hidden.breakdown["activations"] == 0
+
+
+def test_the_search_offers_offloading_where_it_moves_something(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It keeps the training math, so it is a candidate without being allowed; on the CPU,
+    where it moves nothing, it is not."""
+    trial = _trained(_gpt())
+    budget = 10**12
+    plain = trial.search(budget, measure=False)
+    monkeypatch.setattr(offloading, "STAYS", ("meta",))
+    found = trial.search(budget, measure=False)
+    assert found.anchors == plain.anchors + 2  # each offloading alone: blocks, model
+    assert found.candidates == 3 * plain.candidates
+    assert found.config == plain.config == Config()  # nothing needed: nothing changed
