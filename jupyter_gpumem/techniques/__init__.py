@@ -22,6 +22,7 @@ from jupyter_gpumem.techniques.checkpointing import (
 )
 from jupyter_gpumem.techniques.config import (
     CHECKPOINT_HELP,
+    OFFLOADS,
     OPTIMIZERS,
     PARALLELS,
     PRECISIONS,
@@ -30,6 +31,7 @@ from jupyter_gpumem.techniques.config import (
 
 __all__ = [
     "CHECKPOINT_HELP",
+    "OFFLOADS",
     "OPTIMIZERS",
     "PARALLELS",
     "PRECISIONS",

@@ -24,6 +24,7 @@ from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.checkpointing import Checkpointing, checkpoint_targets
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, OPTIMIZERS, Config
 from jupyter_gpumem.techniques.lora import Lora
+from jupyter_gpumem.techniques.offloading import Offloading, offload_targets
 from jupyter_gpumem.techniques.optimizers import ParkedState, build_optimizer, optimizer_name
 from jupyter_gpumem.techniques.parallel import check_group, parallelize
 from jupyter_gpumem.techniques.precision import Precision
@@ -141,6 +142,7 @@ def _apply(
             raise ValueError(
                 f"checkpoint={config.checkpoint!r} matches no module (names look like: {names}). {CHECKPOINT_HELP}"
             )
+    offloaded = [] if config.offload is None else offload_targets(model, config.offload)
     found: list[str] = []
     new_optimizer = None
     trained_by = config.optimizer
@@ -173,6 +175,10 @@ def _apply(
             checkpointing = Checkpointing(model, targets)
             undo.append(checkpointing.revert)
             found.extend(checkpointing.warnings)
+        if offloaded:  # its hooks wrap the checkpointed forwards (see techniques.offloading)
+            offloading = Offloading(model, offloaded)
+            undo.append(offloading.revert)
+            found.extend(offloading.warnings)
     except BaseException:
         while undo:
             undo.pop()()

@@ -20,6 +20,7 @@ OPTIMIZERS = (
     "lion",
 )
 PARALLELS = ("ddp", "fsdp2")
+OFFLOADS = ("blocks", "model")  # where activations wait in host memory (see techniques.offloading)
 MAX_WORLD_SIZE = 1024  # the ranks an estimate plays or a machine forks, at most
 WORLD_SIZES_HELP = f"world_size is the number of ranks: a whole number from 1 to {MAX_WORLD_SIZE}"
 CHECKPOINT_HELP = (
@@ -68,6 +69,19 @@ def check_lora(rank: object) -> int | None:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 1024:
         raise ValueError(f"{LORA_HELP}, got {repr(rank)[:40]}")
     return rank
+
+
+OFFLOAD_HELP = (
+    "offload takes 'blocks' (what the model's repeated blocks save for backward, the blocks "
+    "checkpoint='blocks' finds) or 'model' (what its whole forward saves), or None"
+)
+
+
+def check_offload(where: object) -> str | None:
+    """Where activations are offloaded, or ValueError saying what is allowed."""
+    if where is not None and where not in OFFLOADS:
+        raise ValueError(f"{OFFLOAD_HELP}, got {repr(where)[:40]}")
+    return where  # type: ignore[return-value]  # checked against OFFLOADS
 
 
 def check_precision(name: object) -> str | None:
@@ -126,6 +140,7 @@ class Config:
     world_size: int = 1  # with parallel: the number of ranks
     accumulate: int = 1  # micro-batches per optimizer step (see techniques.accumulation)
     lora: int | None = None  # the rank of LoRA adapters trained alone (see techniques.lora)
+    offload: str | None = None  # one of OFFLOADS (see techniques.offloading)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
@@ -135,6 +150,7 @@ class Config:
         check_parallel(self.parallel, self.world_size)
         check_accumulate(self.accumulate)
         check_lora(self.lora)
+        check_offload(self.offload)
 
     @property
     def single(self) -> Config:
@@ -163,6 +179,8 @@ class Config:
             parts.append(f"accumulate {self.accumulate}")
         if self.lora is not None:
             parts.append(f"lora r{self.lora}")
+        if self.offload is not None:
+            parts.append(f"offload {self.offload}")
         if self.parallel is not None:
             parts.append(f"{self.parallel} × {self.world_size}")  # noqa: RUF001  # a label
         return " · ".join(parts) if parts else "baseline"

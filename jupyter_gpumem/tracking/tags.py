@@ -35,6 +35,11 @@ Known limitations:
 - The saved-tensors hooks are pushed when recording starts and popped when it stops
   or pauses; a cell that enters its own ``saved_tensors_hooks`` context around a loop
   and leaves it while ours are on top pops ours instead.
+- Saved-tensor hooks entered inside the cell (``torch.autograd.graph.save_on_cpu``) hide
+  ours, the innermost winning: what they save is not tagged (the device tensors read as
+  temporary) and the backward phase begins at the first gradient. The technique
+  ``Config(offload=...)`` calls ours beneath its own, so its activations are seen, and its
+  device copies in backward are tagged when they come back.
 """
 
 from __future__ import annotations
@@ -241,14 +246,18 @@ class Tagger:
         # Detached: keeping a saved output itself would tie it to its own grad_fn in a cycle
         # that no collector can break when backward never runs. Autograd restores grad_fn.
         # The call that saved it goes with it: unpacking it in backward says whose backward runs.
-        return t.detach(), scope
+        # The weak reference tells, on unpacking, a copy that hooks above ours brought back.
+        saved = t.detach()
+        return saved, scope, weakref.ref(saved)
 
     def _unpack(self, packed: Any) -> Any:
         if packed.__class__ is not tuple:  # packed while torch.compile traced
             return packed
-        t, scope = packed
+        t, scope, saved = packed
         if self._compiling():
             return t
+        if saved() is not t:  # offloaded and brought back: the device copy is an activation
+            self._tag(t, "activations", _now_us(), scope)
         if self._phase != "backward" and self._depth == 0:
             self._mark("backward")
         self.scopes.backward_of(scope)

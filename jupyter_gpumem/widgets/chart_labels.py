@@ -61,6 +61,8 @@ def chart_label(config: Config, blocks: Sequence[str] = (), prefix: str = "") ->
     """``config`` named for a chart, at most WIDTH characters: ``ckpt h.0-h.3 · bf16``."""
     parts = [] if config.checkpoint is None else [_checkpoint(config, blocks)]
     parts += [p for p in (config.precision, config.optimizer) if p is not None]
+    if config.offload is not None:
+        parts.append(f"offload {config.offload}")
     if config.parallel is not None:
         parts.append(f"{config.parallel} × {config.world_size}")  # noqa: RUF001  # as Config
     return cut(prefix + (" · ".join(parts) or "baseline"))

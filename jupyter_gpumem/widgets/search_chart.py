@@ -62,6 +62,7 @@ def changes(config: Config) -> int:
             config.precision is not None,
             config.optimizer is not None,
             config.accumulate > 1,
+            config.offload is not None,
         )
     )
 

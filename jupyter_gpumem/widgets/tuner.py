@@ -1,6 +1,6 @@
 """`jupyter_gpumem.tune(model, "opt")`: try memory-saving techniques on a model and measure them.
 
-The panel edits one `Config` (checkpointed modules, precision, optimizer). Apply puts it on the
+The panel edits one `Config` (checkpointed modules, precision, optimizer, offloading). Apply puts it on the
 model and rebinds the user's optimizer variable; Revert restores the model and the original
 optimizer object. Re-run measures the configuration and appends a row: with a `Trial`, the trial
 runs it (after a baseline, once); without one, the tuner re-executes the kernel's last `%%gpumem`
@@ -173,6 +173,7 @@ class Tuner(widgets.VBox):
             parallel=self.panel.strategy.value if gpus > 1 else None,
             world_size=gpus,
             accumulate=self._accumulate,
+            offload=self.panel.offload.value or None,
         )
 
     def set(self, config: Config) -> None:
@@ -192,6 +193,7 @@ class Tuner(widgets.VBox):
             self.panel.every.value = config.every
             self.panel.precision.value = config.precision or AS_IS
             self.panel.optimizer.value = config.optimizer or AS_IS
+            self.panel.offload.value = config.offload or AS_IS
             self.panel.set_gpus(config.world_size)
             if config.parallel is not None:
                 self.panel.strategy.value = config.parallel
@@ -642,6 +644,7 @@ class Tuner(widgets.VBox):
             panel.every,
             panel.precision,
             panel.optimizer,
+            panel.offload,
             panel.gpus,
             panel.strategy,
         ):

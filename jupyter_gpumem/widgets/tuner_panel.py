@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ipywidgets as widgets
 
-from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS
+from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISIONS
 from jupyter_gpumem.widgets.block_bars import BlockBars
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
@@ -133,6 +133,13 @@ class Panel:
             value=AS_IS,
             description="optimizer",
         )
+        # Where what the forward saves waits in host memory (off: on the device, as is).
+        self.offload = widgets.Dropdown(
+            options=[("off", AS_IS), *((f"{w} to host", w) for w in OFFLOADS)],
+            value=AS_IS,
+            description="offload",
+            layout=widgets.Layout(width="220px"),
+        )
         # How many GPUs, and how the model is spread over them (ignored on one GPU).
         self.gpus = widgets.Dropdown(
             options=gpu_options(GPU_COUNTS),
@@ -206,7 +213,7 @@ class Panel:
             widgets.HTML(title_html),
             checkpoint,
             self.more,
-            widgets.HBox([self.precision, self.optimizer, self.gpus, self.strategy]),
+            widgets.HBox([self.precision, self.optimizer, self.offload, self.gpus, self.strategy]),
             self.configuration,
             widgets.HBox(list(self.buttons.values())),
             widgets.HBox(

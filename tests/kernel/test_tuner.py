@@ -441,6 +441,22 @@ def test_dropdowns_show_the_model_as_it_is(shell: InteractiveShell, ns: dict[str
     assert tune(ns["model"], "missing", shell=shell).panel.optimizer.label == "as is (missing)"
 
 
+def test_the_offload_dropdown_edits_the_config(shell: InteractiveShell, ns: dict[str, Any]) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    offload = tuner.panel.offload
+    assert offload.label == "off" and tuner.config == Config()
+    offload.value = "blocks"
+    assert tuner.config == Config(offload="blocks")
+    assert "offload blocks" in tuner.panel.configuration.value
+    tuner.set(Config(offload="model", precision="bf16"))
+    assert (offload.label, tuner.config) == (
+        "model to host",
+        Config(offload="model", precision="bf16"),
+    )
+    tuner.set(Config())
+    assert offload.label == "off"
+
+
 # -- GPUs and strategy: "Will it fit on N GPUs?" ---------------------------------------------
 
 X = "\N{MULTIPLICATION SIGN}"  # as Config labels its ranks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jupyter_gpumem.tuner.planning.composed import Anchor, Anchors, Choice, compose, front, ranked
 
 MiB = 2**20
@@ -66,3 +68,25 @@ def test_the_front_and_the_ranking() -> None:
     assert [p.step_s for p in fitting] == sorted(p.step_s for p in fitting)  # type: ignore[type-var]
     untimed = ranked(compose(_anchors(timed=False), choices), 60 * MiB)
     assert [p.choice.changes for p in untimed] == sorted(p.choice.changes for p in untimed)
+
+
+def test_offloading_keeps_its_share_of_the_dynamic_part_and_costs_its_step_time() -> None:
+    anchors = _anchors()
+    moved = Anchor(70 * MiB, 40 * MiB, 20 * MiB, 1.5)  # 30 of the 60 dynamic MiB kept
+    anchors = dataclasses.replace(anchors, offload={"model": moved})
+    alone = Choice(None, None, 0, 1, offload="model")
+    assert anchors.peak(alone) == 70 * MiB and anchors.step_s(alone) == 1.5
+    assert alone.changes == 1
+    # with bf16 autocast: its 40 dynamic MiB keep the same half, its step time the same factor
+    both = Choice("bf16-autocast", None, 0, 1, offload="model")
+    assert anchors.peak(both) == 40 * MiB + 20 * MiB
+    assert anchors.step_s(both) == 0.5 * 1.5
+    untimed = dataclasses.replace(
+        anchors, offload={"model": dataclasses.replace(moved, step_s=None)}
+    )
+    assert untimed.step_s(alone) is None
+    # where step times are unknown, checkpointing comes before offloading at equal changes
+    checkpointed = Choice(None, None, 4, 1)
+    untimed_all = dataclasses.replace(_anchors(timed=False), offload={"model": moved})
+    points = compose(untimed_all, [alone, checkpointed])
+    assert [p.choice for p in ranked(points, 100 * MiB)] == [checkpointed, alone]

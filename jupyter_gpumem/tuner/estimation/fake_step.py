@@ -13,7 +13,8 @@ A dispatch mode above the fake mode sees every ATen op the step calls, as the CU
 our CPU source would: an output storage that no input shares is an allocation, and a weakref on
 the storage says when it is freed. Tags come from the same places as a measured cell's: the
 model's parameters and buffers, the batch (``inputs``), ``saved_tensors_hooks``
-(``activations``), the gradients after backward and the optimizer state after the step.
+(``activations``, and their device copies brought back in backward where they were offloaded:
+the host copies are another device's, which the log leaves out), the gradients after backward and the optimizer state after the step.
 
 Afterwards the model, its modules' attributes, the optimizer and the random generators (torch,
 CUDA, Python, NumPy) are as they were.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -240,11 +242,17 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
 
     def pack(t: Any) -> Any:
         log.tag(t, "activations")
+        return t, weakref.ref(t)
+
+    def unpack(packed: Any) -> Any:
+        t, saved = packed
+        if saved() is not t:  # offloaded and brought back, as the recorder's tagger tags it
+            log.tag(t, "activations")
         return t
 
     for micro in applied.micro_batches(batch):
         log.mark("forward")
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), applied.autocast():
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), applied.autocast():
             loss = loss_fn(applied.model, micro)
         log.mark("backward")
         applied.backward(loss)

@@ -56,6 +56,7 @@ _SETTINGS = (
     "world_size",
     "accumulate",
     "lora",
+    "offload",
 )
 
 

@@ -16,6 +16,8 @@ as:
 - step time: the baseline's, times each technique's measured factor, scaled the same ways;
 - with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
   part's share kept;
+- with activations offloaded (to the blocks' or the whole forward's extent): the dynamic part's
+  share that offloading alone kept, and its step-time factor;
 - on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
   one rank's compute, the same for every candidate of that strategy and world size).
 
@@ -64,11 +66,12 @@ class Choice:
     parallel: str | None = None
     world_size: int = 1
     lora: int | None = None  # the adapters' rank: the base frozen, the adapters trained
+    offload: str | None = None  # "blocks" or "model": what is saved waits in host memory
 
     @property
     def changes(self) -> int:
         """How many techniques it changes from the user's step."""
-        changed = (self.precision, self.optimizer, self.lora)
+        changed = (self.precision, self.optimizer, self.lora, self.offload)
         return sum(c is not None for c in changed) + (self.blocks > 0) + (self.accumulate > 1)
 
 
@@ -86,6 +89,7 @@ class Anchors:
     # each strategy and world size alone, its worst rank: what it changes is added to the rest
     ranks: Mapping[tuple[str, int], Anchor] = field(default_factory=dict)
     lora: Anchor | None = None  # LoRA alone, where allowed
+    offload: Mapping[str, Anchor] = field(default_factory=dict)  # each offloading alone
 
     def peak(self, c: Choice) -> int:
         mine = self.precision[c.precision]
@@ -95,6 +99,8 @@ class Anchors:
         if c.lora is not None and self.lora is not None:  # its gradients and state, the adapters'
             static += self.lora.static_bytes - self.base.static_bytes
             dynamic *= self.lora.dynamic_bytes / max(self.base.dynamic_bytes, 1)
+        if c.offload is not None:  # what it saves waits on the host: the share it kept
+            dynamic *= self.offload[c.offload].dynamic_bytes / max(self.base.dynamic_bytes, 1)
         if c.parallel is not None:
             static += self.ranks[(c.parallel, c.world_size)].peak_bytes - self.base.peak_bytes
         return max(0, int(static + dynamic))
@@ -111,6 +117,11 @@ class Anchors:
             if self.lora is None or self.lora.step_s is None:
                 return None
             factor *= self.lora.step_s / base
+        if c.offload is not None:
+            moved = self.offload[c.offload].step_s
+            if moved is None:
+                return None
+            factor *= moved / base
         if c.blocks:
             whole = self.all_blocks[c.precision].step_s
             if whole is None:
@@ -174,13 +185,15 @@ def front(points: Sequence[Point]) -> list[Point]:
 
 def ranked(points: Sequence[Point], limit: int) -> list[Point]:
     """The points predicted within ``limit``, cheapest first: the least step time where known,
-    then the fewest changes, then the fewest checkpointed blocks and micro-batches."""
+    then the fewest changes, checkpointing before offloading (offloading waits on the bus), then
+    the fewest checkpointed blocks and micro-batches."""
     fitting = [p for p in points if p.peak_bytes <= limit]
     return sorted(
         fitting,
         key=lambda p: (
             p.step_s if p.step_s is not None else 0.0,
             p.choice.changes,
+            p.choice.offload is not None,
             p.choice.blocks,
             p.choice.accumulate,
             p.peak_bytes,

@@ -1,9 +1,11 @@
 """Make it fit: one search over checkpointed blocks x precision x optimizer variant x gradient
-accumulation, the cheapest candidate that fits a budget, confirmed by its own estimate.
+accumulation x activation offloading, the cheapest candidate that fits a budget, confirmed by its
+own estimate.
 
 A handful of anchors are estimated on fake tensors (and, where the model holds weights, measured
 for their step time): each precision alone, each optimizer variant alone, each precision with
-every block checkpointed and with the most micro-batches. Every combination's peak and step time
+every block checkpointed and with the most micro-batches, and each offloading alone (on a GPU:
+on the CPU it moves nothing). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
 candidates that fit are taken cheapest first (least predicted step time; fewest changes where
 times are unknown) and each is estimated on its own until one fits: that one is the winner,
@@ -11,13 +13,14 @@ its figures the estimate's, never the composition's. ``verify()`` measures it.
 
 It keeps the user's training math unless ``allow`` says otherwise: the same optimizer algorithm
 (its fused and 8-bit variants are allowed), autocast but not pure bf16, the full model trained.
+Offloading keeps it (the same arithmetic, on copies brought back), so it is always a candidate.
 The reasoning's first line says which.
 
 With ``world_sizes``, DDP and FSDP2 on N ranks are candidates too: each strategy and world size
 is estimated alone (its worst rank), and what it changes is added to every combination.
 
 Known limitations:
-- Offloading is not among the candidates yet; step times on N ranks are not predicted.
+- Step times on N ranks are not predicted.
 - Blocks are checkpointed from the first on (alike blocks free alike bytes).
 """
 
@@ -29,8 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jupyter_gpumem.techniques import OPTIMIZERS, PARALLELS, PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.accumulation import micro_batches
+from jupyter_gpumem.techniques.offloading import moves_from
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
@@ -210,6 +214,13 @@ def search(
     lora = anchor(Config(lora=LORA_RANK)) if lora_allowed and own is not None else None
     if lora is not None:
         choices += [replace(c, lora=LORA_RANK) for c in choices if c.optimizer is None]
+    offload: dict[str, Anchor] = {}
+    if moves_from(workload.device):  # on the CPU, offloading moves nothing
+        for where in OFFLOADS if names else ("model",):
+            alone = anchor(Config(offload=where))
+            if alone is not None:
+                offload[where] = alone
+    choices += [replace(c, offload=w) for w in offload for c in choices]
     ranks: dict[tuple[str, int], Anchor] = {}
     for n in sizes:
         for strategy in PARALLELS if n > 1 else ():
@@ -220,7 +231,7 @@ def search(
     choices = [replace(c, parallel=g[0], world_size=g[1]) for g in groups for c in choices]
     anchors = Anchors(
         base, {p: by_precision[p] for p in kept_p}, {o: by_optimizer[o] for o in kept_o},  # type: ignore[misc]
-        all_blocks, most_micro, len(names), most, ranks, lora,
+        all_blocks, most_micro, len(names), most, ranks, lora, offload,
     )  # fmt: skip
     points = compose(anchors, choices)
     lines.append(
@@ -288,6 +299,7 @@ def _config(c: Choice, names: Sequence[str]) -> Config:
         parallel=c.parallel,
         world_size=c.world_size,
         lora=c.lora,
+        offload=c.offload,
     )
 
 
