@@ -9,9 +9,10 @@ puts every original layer back in its parent, the ``requires_grad`` flags as the
 parked tensors back on their device and the random state the adapters' initialisation drew on.
 
 Known limitations:
-- Only plain ``nn.Linear`` layers inside the repeated blocks get adapters (attention layers
-  whose forward reads their weights directly, as ``nn.MultiheadAttention`` does, would bypass
-  them); the output head stays as it is.
+- Only plain ``nn.Linear`` layers and transformers' ``Conv1D`` (GPT-2's linear layers) inside
+  the repeated blocks get adapters (attention layers whose forward reads their weights
+  directly, as ``nn.MultiheadAttention`` does, would bypass them); the output head stays as it
+  is.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ from torch import nn
 from jupyter_gpumem.techniques.checkpointing import blocks
 
 
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D``: a linear layer with its weight stored (in, out)."""
+    kind = type(module)
+    return kind.__name__ == "Conv1D" and kind.__module__.startswith("transformers.")
+
+
 def lora_targets(model: nn.Module) -> list[str]:
-    """Qualified names of the plain linear layers inside the model's repeated blocks."""
+    """Qualified names of the linear layers inside the model's repeated blocks."""
     inside = tuple(f"{name}." for name in blocks(model))
     return [
         name
         for name, m in model.named_modules()
-        if type(m) is nn.Linear and name.startswith(inside)
+        if (type(m) is nn.Linear or _is_conv1d(m)) and name.startswith(inside)
     ]
 
 
@@ -47,7 +54,8 @@ class Lora:
         targets = lora_targets(model)
         if not targets:
             raise ValueError(
-                "lora finds no plain nn.Linear inside the model's repeated blocks to adapt"
+                "lora finds no nn.Linear (or transformers Conv1D) inside the model's repeated "
+                "blocks to adapt"
             )
         self._model = model
         self._attributes = set(vars(model))  # PEFT notes its config on the model: taken off again
@@ -57,10 +65,13 @@ class Lora:
             {p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"}
         )
         # the adapters' initial draws leave no trace; moved in place (fake tensors cannot swap)
+        # Conv1D stores its weight transposed: PEFT's adapter must know (fan_in_fan_out)
+        transposed = all(_is_conv1d(model.get_submodule(name)) for name in targets)
+        config = LoraConfig(
+            r=rank, lora_alpha=2 * rank, target_modules=targets, fan_in_fan_out=transposed
+        )
         with torch.random.fork_rng(devices=devices), _moved_in_place():
-            inject_adapter_in_model(
-                LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets), model
-            )
+            inject_adapter_in_model(config, model)
         for p, _ in self._grad_flags.values():
             p.requires_grad_(False)
             if p.grad is not None and p.grad.device.type != "cpu":

@@ -76,9 +76,37 @@ def test_what_lora_takes() -> None:
         with pytest.raises(ValueError, match="the adapters' rank: a whole number from 1 to 1024"):
             Config(lora=bad)  # type: ignore[arg-type]
     flat = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match=r"no plain nn\.Linear inside the model's repeated blocks"):
+    with pytest.raises(ValueError, match=r"no nn\.Linear \(or transformers Conv1D\) inside"):
         apply_config(flat, Config(lora=4), torch.optim.AdamW(flat.parameters()))
     model = _model()
     with pytest.raises(ValueError, match="lora trains its adapters with the optimizer's algorithm"):
         apply_config(model, Config(lora=4), torch.optim.RMSprop(model.parameters()))
     assert all(p.requires_grad for p in model.parameters())  # refused before it touched the model
+
+
+def test_gpt2s_conv1d_layers_get_adapters_that_start_as_the_identity() -> None:
+    """GPT-2's linear layers are transformers' Conv1D, weights stored (in, out): adapted with
+    fan_in_fan_out, the output unchanged before training and the model back afterwards."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=50)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 50, (2, 16))
+    before = model(ids).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters())
+
+    applied = apply_config(model, Config(lora=4), opt)
+    adapted = {n.rsplit(".lora_", 1)[0] for n, p in model.named_parameters() if p.requires_grad}
+    assert adapted == {
+        f"transformer.h.{i}.{layer}" for i in range(2) for layer in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }  # fmt: skip
+    assert torch.equal(model(ids).logits, before)  # B starts at zero: the same function
+    applied.backward(model(ids, labels=ids).loss)
+    applied.step()
+    assert not torch.equal(model(ids).logits, before)  # the adapters trained
+    applied.revert()
+
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(model(ids).logits, before)
