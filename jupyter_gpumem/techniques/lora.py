@@ -70,7 +70,9 @@ class Lora:
         config = LoraConfig(
             r=rank, lora_alpha=2 * rank, target_modules=targets, fan_in_fan_out=transposed
         )
-        with torch.random.fork_rng(devices=devices), _moved_in_place():
+        # made on their layers' device: a fake tensor's device cannot change in place
+        where = model.get_submodule(targets[0]).weight.device
+        with torch.random.fork_rng(devices=devices), torch.device(where), _moved_in_place():
             inject_adapter_in_model(config, model)
         for p, _ in self._grad_flags.values():
             p.requires_grad_(False)
@@ -101,7 +103,8 @@ class Lora:
 def _moved_in_place() -> Iterator[None]:
     """PEFT moves each new adapter to its base layer's device and float dtype with
     ``Module.to``, which swaps the parameters of fake tensors and cannot (they carry weak
-    references): meanwhile ``Module.to`` moves the data of each parameter and buffer in place."""
+    references): meanwhile ``Module.to`` moves the data of each parameter and buffer in place.
+    (A fake tensor keeps its device through such a move, so the adapters are made on theirs.)"""
     original = nn.Module.to
 
     def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:

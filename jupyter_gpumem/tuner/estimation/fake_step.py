@@ -50,7 +50,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
-from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers
+from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers, ready_to_step
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
@@ -167,6 +167,8 @@ def run_fake(
                     run_batch = fake_batch(torch, make_batch(), faker)
                     faker.done()
                 applied = apply_config(model, config, fake_opt)
+                if applied.optimizer is not fake_opt:  # one the configuration built
+                    ready_to_step(applied.optimizer)
                 reducer = getattr(applied.model, "reducer", None)
                 if isinstance(reducer, FakeReducer):
                     reducer.on_rebuild = log.remake_communication

@@ -176,7 +176,8 @@ def ready_to_step(optimizer: Any) -> None:
         raise Unfakeable(
             f"{type(optimizer).__name__} pages its state through CUDA unified memory, outside "
             "PyTorch's allocator, so its peak is not the allocator's; estimate its unpaged twin "
-            "(the same name without 'Paged') for the peak it pages out of"
+            "(the same name without 'Paged'; optimizer='adamw-8bit' for adamw-paged-8bit) for "
+            "the peak it pages out of"
         )
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
