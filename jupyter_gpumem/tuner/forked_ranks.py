@@ -41,9 +41,11 @@ import os
 import resource
 import shutil
 import signal
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -179,15 +181,16 @@ def _start_and_wait(
     ]
     started: list[Any] = []
     try:
-        for rank, p in enumerate(processes):
-            try:
-                p.start()
-            except OSError as exc:  # the process limit, or memory to copy the kernel
-                raise RuntimeError(
-                    f"could not start rank {rank} of {config.world_size}: {exc}; the ranks "
-                    "already started were stopped"
-                ) from exc
-            started.append(p)
+        with _main_left_behind() if method == "spawn" else contextlib.nullcontext():
+            for rank, p in enumerate(processes):
+                try:
+                    p.start()
+                except OSError as exc:  # the process limit, or memory to copy the kernel
+                    raise RuntimeError(
+                        f"could not start rank {rank} of {config.world_size}: {exc}; the "
+                        "ranks already started were stopped"
+                    ) from exc
+                started.append(p)
         while any(p.is_alive() for p in started):
             if any(p.exitcode not in (None, 0) for p in started):
                 break  # the others may wait for it in a collective forever
@@ -202,6 +205,22 @@ def _start_and_wait(
                 p.kill()
                 p.join()
     return {rank: p.exitcode for rank, p in enumerate(processes)}
+
+
+@contextlib.contextmanager
+def _main_left_behind() -> Iterator[None]:
+    """Spawned ranks do not run the kernel's ``__main__`` again: what they need comes pickled
+    by value, and a notebook's namespace has no spec or file that multiprocessing could run
+    (it fails on IPython's, which has no ``__spec__``)."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is None:
+            del sys.modules["__main__"]
+        else:
+            sys.modules["__main__"] = main
 
 
 def _read(folder: str, rank: int, config: Config, exitcode: int | None) -> dict[str, Any]:
