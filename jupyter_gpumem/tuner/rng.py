@@ -3,7 +3,7 @@
 Trials restore it between configurations, and a fake run leaves it as it found it
 (checkpointing and dropout draw from it). CUDA's generators are read only where CUDA is
 already up: ``torch.cuda.is_available()`` would initialise the driver, and a kernel that
-did could no longer fork ranks that use CUDA.
+did could no longer fork ranks that use CUDA (they would be spawned, at a higher cost).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run configurations of a workload from the same start, and put the user's state back after.
 
 Each run starts from the user's weights and buffers, with no gradients, empty optimizer state
-and the same random state; a parallel configuration forks its ranks. After the last run the
+and the same random state; a parallel configuration starts its ranks. After the last run the
 model, its gradients, the optimizer state, training flags and the random generators are as
 they were before the first, bit for bit.
 """
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from jupyter_gpumem.techniques.config import Config
-from jupyter_gpumem.tuner.forked_ranks import run_ranks
+from jupyter_gpumem.tuner.forked_ranks import Collect, RankRun, run_job, run_ranks
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.saved_state import SavedState
 from jupyter_gpumem.tuner.steps import measure_config
@@ -62,9 +62,25 @@ class Runner:
             return run_ranks(workload, config)
         return measure_config(workload, config)
 
+    def fresh_job(self, workload: Workload, config: Config, collect: Collect) -> RankRun:
+        """A parallel configuration from the saved start, ``collect()`` called in each rank
+        after its steps; call it inside :meth:`preserved`."""
+        assert self._saved is not None, "inside preserved()"
+        assert config.parallel is not None, "a parallel configuration"
+        self._saved.reset_for_trial()
+        return run_job(workload, config, collect)
+
 
 def run_once(workload: Workload, config: Config) -> TrialResult:
     """Measure one configuration of ``workload``; the user's state comes back unchanged."""
     runner = Runner()
     with runner.preserved(workload):
         return runner.fresh_run(workload, config)
+
+
+def job_once(workload: Workload, config: Config, collect: Collect) -> RankRun:
+    """Run one parallel configuration with ``collect()`` in each rank; the user's state comes
+    back unchanged."""
+    runner = Runner()
+    with runner.preserved(workload):
+        return runner.fresh_job(workload, config, collect)

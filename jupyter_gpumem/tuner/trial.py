@@ -113,16 +113,19 @@ class Trial:
         techniques: Sequence[str] = ("checkpoint", "precision", "optimizer"),
         *,
         allow: Sequence[str] = (),
+        parallel: str | None = None,
+        world_size: int = 1,
     ) -> Plan:
         """The configuration with the least predicted step time that fits ``budget``.
 
         It keeps the training math (the optimizer's algorithm, fp32 master weights) unless
-        ``allow`` names "optimizer" or "pure-bf16". See
-        :mod:`jupyter_gpumem.tuner.planning.plan`; ``plan.verify()`` measures it. For a model
-        on the meta device: the fewest changes estimated to fit, step times unknown
-        (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
+        ``allow`` names "optimizer" or "pure-bf16". With ``parallel`` ("ddp" or "fsdp2") and
+        ``world_size``, it plans for that many ranks, measured as ``run()`` measures them,
+        the budget per rank. See :mod:`jupyter_gpumem.tuner.planning.plan`;
+        ``plan.verify()`` measures it. For a model on the meta device: the fewest changes
+        estimated to fit, step times unknown (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
         """
-        return plan(self, budget, techniques, allow=allow)
+        return plan(self, budget, techniques, allow=allow, parallel=parallel, world_size=world_size)
 
     def search(
         self,

@@ -113,7 +113,7 @@ def indexed(torch: Any, device: Any) -> Any:
     """``device`` with its index, as tensors made on it name it (``cuda`` is ``cuda:0``)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        # without initialising CUDA, which would keep forked ranks from using it
+        # without initialising CUDA: ranks fork from a kernel that has not, the cheaper way
         index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
         device = torch.device("cuda", index)
     return device

@@ -51,7 +51,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.results",),
     ("tuner.saved_state",),
     ("tuner.steps",),
-    ("tuner.forked_ranks",),
+    ("tuner.rank_payload", "tuner.forked_ranks"),
     ("tuner.runner",),
     (
         "tuner.planning.solver",

@@ -23,6 +23,10 @@ size under the other precisions. Step times within ``TIE`` of the least count as
 then the plan that changes fewer things wins: a technique is not switched for noise.
 ``SAFETY`` of the budget is kept free for what the model does not see.
 
+On ``world_size`` ranks of ``parallel`` ("ddp" or "fsdp2"), every run above (the profile
+included) is one of that strategy's jobs, its ranks forked or spawned as ``Trial.run`` starts
+them; the budget is per rank, and each peak is the worst rank's.
+
 ``plan.block_bytes`` holds each candidate block's activation bytes at the peak of the run
 with nothing checkpointed, from that run's peak by module (``Report.by_module``); the
 reasoning gives them beside whether the plan checkpoints each block.
@@ -32,6 +36,8 @@ Known limitations:
 - Blocks are checkpointed whole; candidates are the model's repeated blocks ("blocks").
 - The model of the peak assumes blocks run one after another, each once per step.
 - Measurements are kept per trial and batch; build a new Trial after changing the model.
+- A model on the meta device is planned for one process; ``Trial.search`` with
+  ``world_sizes`` estimates it on ranks.
 """
 
 from __future__ import annotations
@@ -40,10 +46,11 @@ import json
 import statistics
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques.config import check_parallel
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
@@ -115,12 +122,18 @@ class Plan:
     # every block checkpointed, under the plan's precision: measured when the plan needed it
     all_checkpointed: TrialResult | None = field(default=None, repr=False, compare=False)
     trial: Measures | None = field(default=None, repr=False, compare=False)
+    parallel: str | None = None  # the strategy every run used; the budget is per rank
+    world_size: int = 1
 
     @property
     def config(self) -> Config:
         """The plan as a Config, for ``apply_config``, ``Trial.run`` or ``Tuner.set``."""
         return Config(
-            checkpoint=self.checkpoint or None, precision=self.precision, optimizer=self.optimizer
+            checkpoint=self.checkpoint or None,
+            precision=self.precision,
+            optimizer=self.optimizer,
+            parallel=self.parallel,
+            world_size=self.world_size,
         )
 
     @property
@@ -150,6 +163,8 @@ class Plan:
             "block_bytes": dict(self.block_bytes),
             "precision": self.precision,
             "optimizer": self.optimizer,
+            "parallel": self.parallel,
+            "world_size": self.world_size,
             "configuration": str(self.config),
             "fits": self.fits,
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -173,25 +188,33 @@ class Plan:
 # -- what was measured, kept per trial --------------------------------------------------------
 @dataclass
 class _Store:
+    """Results by configuration as the planner names it, one process; each ran on ``ranks``."""
+
     key: tuple[Any, ...]
+    ranks: Config  # the strategy and world size every run gets (Config(): one process)
     results: dict[Config, TrialResult] = field(default_factory=dict)
     profiles: dict[str | None, StepProfile] = field(default_factory=dict)
+
+    def on_ranks(self, config: Config) -> Config:
+        """``config`` as it runs: on the store's ranks."""
+        return replace(config, parallel=self.ranks.parallel, world_size=self.ranks.world_size)
 
 
 _STORES: weakref.WeakKeyDictionary[Measures, _Store] = weakref.WeakKeyDictionary()
 
 
-def _store(trial: Measures, candidates: tuple[str, ...]) -> _Store:
+def _store(trial: Measures, candidates: tuple[str, ...], ranks: Config) -> _Store:
     key = (
         id(trial.workload.batch),
         candidates,
         trial.workload.warmup,
         trial.workload.steps,
         id(trial.workload.optimizer),
+        ranks,
     )
     store = _STORES.get(trial)
     if store is None or store.key != key:
-        store = _STORES[trial] = _Store(key)
+        store = _STORES[trial] = _Store(key, ranks)
     return store
 
 
@@ -199,10 +222,10 @@ def _measure(trial: Measures, store: _Store, configs: list[Config], progress: Pr
     missing = [c for c in dict.fromkeys(configs) if c not in store.results]
     if not missing:
         return
-    if Config() in store.results:
-        for config in missing:  # compare() would measure the baseline again
-            progress(f"measuring {config}")
-            store.results[config] = trial.run(config)
+    if Config() in store.results or store.ranks.parallel is not None:
+        for config in missing:  # compare() would measure the baseline again, in one process
+            progress(f"measuring {store.on_ranks(config)}")
+            store.results[config] = trial.run(store.on_ranks(config))
         return
     progress(f"measuring {len(missing)} configuration(s)")
     for result in trial.compare(missing):
@@ -219,7 +242,7 @@ def _profile(
     if precision not in store.profiles:
         progress(f"profiling the blocks ({precision or 'as is'})")
         store.profiles[precision] = profile_step(
-            trial.workload, candidates, Config(precision=precision)
+            trial.workload, candidates, store.on_ranks(Config(precision=precision))
         )
     return store.profiles[precision]
 
@@ -233,6 +256,8 @@ def plan(
     allow: Sequence[str] = (),
     headroom_bytes: int = 0,
     progress: Progress | None = None,
+    parallel: str | None = None,
+    world_size: int = 1,
 ) -> Plan:
     """The configuration with the least predicted step time whose predicted peak fits ``budget``.
 
@@ -242,14 +267,22 @@ def plan(
     weights ("pure-bf16"; autocast is always allowed). The reasoning's first line says which.
     ``headroom_bytes`` is kept free on top of ``SAFETY`` (``fit_plan`` sets it after a
     verification that came out over). ``progress`` is called with a line before each run.
+    With ``parallel`` and ``world_size``, every run is on that many ranks of that strategy,
+    and the budget is per rank.
     """
     budget_bytes = _budget(budget)
     allowed = _techniques(techniques)
     changes = changes_of(allow)
+    ranks = _ranks(parallel, world_size)
     say = progress or (lambda _: None)
     model = trial.workload.model
     own = optimizer_name(trial.workload.optimizer)
     lines = [math_line(own, changes), f"Budget: {format_bytes(budget_bytes)}."]
+    if ranks.parallel is not None:
+        lines.append(
+            f"On {ranks.world_size} ranks of {ranks.parallel}: the budget is per rank, and every "
+            "peak is the worst rank's."
+        )
     candidates: tuple[str, ...] = ()
     if "checkpoint" in allowed:
         candidates = tuple(blocks(model))
@@ -265,10 +298,16 @@ def plan(
         same = SAME_ALGORITHM.get(own, ())
         optimizers += [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
     if holds_no_weights(model):
+        if ranks.parallel is not None:
+            raise ValueError(
+                f"the model holds no weights (meta device), and a plan on {ranks.world_size} "
+                "ranks measures them: trial.search(budget, world_sizes="
+                f"({ranks.world_size},)) estimates it on ranks, or plan it for one process"
+            )
         return _plan_unmeasured(
             trial, budget_bytes, headroom_bytes, precisions, optimizers, candidates, lines, say
         )
-    store = _store(trial, candidates)
+    store = _store(trial, candidates, ranks)
 
     first = [Config(precision=p) for p in precisions] + [Config(optimizer=o) for o in optimizers]
     if candidates:
@@ -293,7 +332,8 @@ def plan(
         lines.append(f"The model as it is could not be measured: {why(base)}.")
         lines.extend(left_out)
         return Plan(budget_bytes, (), None, None, None, None, tuple(lines), False, candidates,
-                    baseline=base, trial=trial)  # fmt: skip
+                    baseline=base, trial=trial, parallel=ranks.parallel,
+                    world_size=ranks.world_size)  # fmt: skip
 
     # Checkpointing data for the precisions that cannot fit without it.
     least = min(_shift(results, None, o)[0] for o in optimizers)
@@ -378,6 +418,8 @@ def plan(
         if candidates
         else None,
         trial=trial,
+        parallel=ranks.parallel,
+        world_size=ranks.world_size,
     )
 
 
@@ -485,6 +527,8 @@ def fit_plan(
     allow: Sequence[str] = (),
     attempts: int = 3,
     progress: Progress | None = None,
+    parallel: str | None = None,
+    world_size: int = 1,
 ) -> Plan:
     """``plan()`` then ``verify()``; a plan measured over the budget is planned again.
 
@@ -501,7 +545,14 @@ def fit_plan(
     result: Plan | None = None
     for attempt in range(1, attempts + 1):
         result = plan(
-            trial, budget_bytes, techniques, allow=allow, headroom_bytes=headroom, progress=progress
+            trial,
+            budget_bytes,
+            techniques,
+            allow=allow,
+            headroom_bytes=headroom,
+            progress=progress,
+            parallel=parallel,
+            world_size=world_size,
         )
         if not result.fits:
             break
@@ -578,6 +629,11 @@ def math_line(own: str | None, changes: tuple[str, ...]) -> str:
         else "; allow=('optimizer', 'pure-bf16') lets it change them."
     )
     return head + tail
+
+
+def _ranks(parallel: str | None, world_size: int) -> Config:
+    """The strategy and world size every run of the plan gets; ValueError saying what is allowed."""
+    return Config(parallel=check_parallel(parallel, world_size), world_size=world_size)
 
 
 def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:

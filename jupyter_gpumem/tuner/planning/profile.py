@@ -10,6 +10,10 @@ One step of a trial's model runs with two instruments on the candidate blocks:
 
 The step runs as a run of its own (:func:`~jupyter_gpumem.tuner.runner.run_once`: one warm-up step,
 then the profiled one), so the model, optimizer and random state come back as they were.
+Under a parallel configuration it runs on the configuration's ranks, forked or spawned where
+CUDA is usable (:mod:`~jupyter_gpumem.tuner.forked_ranks`): each rank profiles its own step, and
+the profile of the rank with the highest peak is the one returned. A block's parameters while
+it runs (FSDP2's gathered ones) count as parameters, not as what the block saved.
 
 Known limitations:
 
@@ -27,14 +31,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from jupyter_gpumem.tuner.results import TrialResult
-from jupyter_gpumem.tuner.runner import run_once
+from jupyter_gpumem.tuner.runner import job_once, run_once
 from jupyter_gpumem.tuner.workload import LossFn, Workload
 
 if TYPE_CHECKING:
@@ -95,16 +99,19 @@ class _Probe:
         self.params: set[_Key] = set()
         self.grads: dict[str, int] = {}
         self.stack: list[str] = []
+        self.gathered: dict[str, set[_Key]] = {}  # running blocks' parameters not in params
         self.cuda = False
 
     def loss_fn(self, model: nn.Module, batch: Any) -> Any:
-        self.saved, self.sizes, self.blocks, self.stack = {}, {}, {}, []
+        self.saved, self.sizes, self.blocks, self.stack, self.gathered = {}, {}, {}, [], {}
         self.params = {k for t in (*model.parameters(), *model.buffers()) if (k := _key(t))}
         self.cuda = any(t.is_cuda for t in model.parameters())
+        # the blocks are named in the model as the user built it, which DDP wraps
+        own = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         self.grads = {
             name: sum(
                 p.numel() * p.element_size()
-                for p in model.get_submodule(name).parameters()
+                for p in own.get_submodule(name).parameters()
                 if p.requires_grad
             )
             for name in self.names
@@ -112,7 +119,7 @@ class _Probe:
         handles = []
         try:
             for name in self.names:
-                module = model.get_submodule(name)
+                module = own.get_submodule(name)
                 handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
                 handles.append(module.register_forward_hook(self._post(name), always_call=True))
             with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
@@ -130,6 +137,9 @@ class _Probe:
                 if key is not None and key not in self.params:
                     call.args.add(key)
                     call.sizes[key] = t.untyped_storage().nbytes()
+            own = {k for t in (*module.parameters(), *module.buffers()) if (k := _key(t))}
+            self.gathered[name] = own - self.params  # FSDP2's, unsharded for this forward
+            self.params |= self.gathered[name]
             call.timings.append([self._now(), None])
             self.stack.append(name)
 
@@ -139,6 +149,7 @@ class _Probe:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if self.stack and self.stack[-1] == name:
                 self.stack.pop()
+            self.params -= self.gathered.pop(name, set())  # freed now: their addresses reused
             call = self.blocks[name]
             for t in _tensors(output):
                 key = _key(t)
@@ -203,6 +214,10 @@ class _Probe:
         unused = tuple(n for n in self.names if n not in self.blocks)
         return StepProfile(tuple(found), outside, shared, unused, result)
 
+    def collected(self) -> dict[str, Any]:
+        """The profile as plain data: what a rank sends back."""
+        return {k: v for k, v in asdict(self.profile(None)).items() if k != "result"}
+
 
 def profile_step(workload: Workload, names: Sequence[str], config: Config) -> StepProfile:
     """Profile the blocks ``names`` over one step of ``workload``'s model under ``config``.
@@ -214,8 +229,27 @@ def profile_step(workload: Workload, names: Sequence[str], config: Config) -> St
     if config.checkpoint is not None:
         raise ValueError("profile_step needs a configuration without checkpointing")
     probe = _Probe(names, workload.loss_fn)
-    result = run_once(replace(workload, loss_fn=probe.loss_fn, warmup=1, steps=1), config)
-    return probe.profile(result)
+    once = replace(workload, loss_fn=probe.loss_fn, warmup=1, steps=1)
+    if config.parallel is None:
+        return probe.profile(run_once(once, config))
+    job = job_once(once, config, probe.collected)
+    peaks = {r.rank: r.peak_allocated_bytes or 0 for r in job.result.ranks}
+    sent = [(rank, data) for rank, data in enumerate(job.collected) if data]
+    if not sent:  # the job failed: its result says how
+        return StepProfile((), 0, 0, tuple(names), job.result)
+    _, worst = max(sent, key=lambda s: (peaks.get(s[0], 0), -s[0]))
+    return _profile_of(worst, job.result)
+
+
+def _profile_of(data: dict[str, Any], result: TrialResult) -> StepProfile:
+    """The StepProfile a rank sent as plain data."""
+    return StepProfile(
+        tuple(BlockProfile(**b) for b in data["blocks"]),
+        data["outside_bytes"],
+        data["shared_bytes"],
+        tuple(data["unused"]),
+        result,
+    )
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
