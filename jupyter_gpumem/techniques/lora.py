@@ -71,7 +71,8 @@ class Lora:
             r=rank, lora_alpha=2 * rank, target_modules=targets, fan_in_fan_out=transposed
         )
         # made on their layers' device: a fake tensor's device cannot change in place
-        where = model.get_submodule(targets[0]).weight.device
+        weight: torch.Tensor = model.get_submodule(targets[0]).weight  # type: ignore[assignment]
+        where = weight.device
         with torch.random.fork_rng(devices=devices), torch.device(where), _moved_in_place():
             inject_adapter_in_model(config, model)
         for p, _ in self._grad_flags.values():
