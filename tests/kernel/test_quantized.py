@@ -146,3 +146,24 @@ def test_bitsandbytes_optimizers_are_named_as_the_tuner_names_them() -> None:
     # the same update, but its state is outside the allocator: plans never pick it unasked
     assert "adamw-paged-8bit" not in SAME_ALGORITHM["adamw"]
     assert "adamw" in SAME_ALGORITHM["adamw-paged-8bit"]
+
+
+def test_an_8bit_optimizer_a_configuration_builds_is_estimated_as_measured() -> None:
+    """Config(optimizer="adamw-8bit") builds bitsandbytes' AdamW8bit inside the fake mode: its
+    quantization maps come from real values, and the estimate equals the measured CPU peak."""
+    from jupyter_gpumem.techniques import Config
+    from jupyter_gpumem.tuner.trial import Trial
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)
+    )
+    opt = torch.optim.AdamW(model.parameters())
+    trial = Trial(model, torch.randn(8, 512), lambda m, b: m(b).sum(), optimizer=opt, device="cpu")
+    est = trial.estimate(optimizer="adamw-8bit")
+    result = trial.run(Config(optimizer="adamw-8bit"))
+    assert result.status == "ok", result.error
+    assert est.peak_bytes == result.peak_allocated_bytes, est.reason
+    assert est.breakdown == result.breakdown
+    paged = trial.estimate(optimizer="adamw-paged-8bit")
+    assert paged.peak_bytes is None and "outside PyTorch's allocator" in (paged.reason or "")

@@ -50,7 +50,11 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
-from jupyter_gpumem.tuner.estimation.quantized import hidden_buffers, ready_to_step
+from jupyter_gpumem.tuner.estimation.quantized import (
+    hidden_buffers,
+    maps_made_for_real,
+    ready_to_step,
+)
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
@@ -166,7 +170,8 @@ def run_fake(
                 if make_batch is not None:
                     run_batch = fake_batch(torch, make_batch(), faker)
                     faker.done()
-                applied = apply_config(model, config, fake_opt)
+                with maps_made_for_real(config.optimizer):
+                    applied = apply_config(model, config, fake_opt)
                 if applied.optimizer is not fake_opt:  # one the configuration built
                     ready_to_step(applied.optimizer)
                 reducer = getattr(applied.model, "reducer", None)

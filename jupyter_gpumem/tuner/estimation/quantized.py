@@ -14,7 +14,9 @@ weight into the input's dtype and calls ``F.linear``, all inside one op whose fa
 allocates only the output. :func:`hidden_buffers` makes the buffers that op takes for itself.
 
 An 8-bit optimizer steps fake parameters as it steps real ones once its quantization maps (a
-few hundred floats, made from values) are made outside the fake mode, in a dict of its own.
+few hundred floats, made from values) are made outside the fake mode, in a dict of its own;
+one that a configuration builds inside the fake mode makes them outside it too
+(:func:`maps_made_for_real`).
 
 Known limitations:
 - For 5 to 1536 rows, the kernel choice is bitsandbytes' heuristic for the GPU present; a
@@ -28,7 +30,9 @@ Known limitations:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
@@ -185,3 +189,29 @@ def ready_to_step(optimizer: Any) -> None:
     if "dynamic" not in optimizer.name2qmap:
         with unset_fake_temporarily():
             optimizer.fill_qmap()
+
+
+BNB_OPTIMIZERS = ("adamw-8bit", "adamw-paged-8bit")  # the Config names bitsandbytes builds
+
+
+@contextmanager
+def maps_made_for_real(name: str | None) -> Iterator[None]:
+    """While it lasts, a bitsandbytes 8-bit optimizer built under the fake mode makes its
+    quantization maps from real values (they are computed with ``.tolist()``)."""
+    if name not in BNB_OPTIMIZERS and "bitsandbytes.optim.optimizer" not in sys.modules:
+        yield
+        return
+    from bitsandbytes.optim.optimizer import Optimizer8bit
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = Optimizer8bit.fill_qmap
+
+    def fill_qmap(self: Any) -> None:
+        with unset_fake_temporarily():
+            original(self)
+
+    Optimizer8bit.fill_qmap = fill_qmap  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Optimizer8bit.fill_qmap = original  # type: ignore[method-assign]
