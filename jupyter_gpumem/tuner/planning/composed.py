@@ -117,11 +117,12 @@ class Anchors:
             if self.lora is None or self.lora.step_s is None:
                 return None
             factor *= self.lora.step_s / base
+        extra = 0.0  # offloading's copies: seconds by the bytes moved, not a share of compute
         if c.offload is not None:
             moved = self.offload[c.offload].step_s
             if moved is None:
                 return None
-            factor *= moved / base
+            extra = max(moved - base, 0.0) * self._offloaded_share(c)
         if c.blocks:
             whole = self.all_blocks[c.precision].step_s
             if whole is None:
@@ -132,7 +133,17 @@ class Anchors:
             if most is None:
                 return None
             factor *= 1 + (most / own - 1) * self._micro_share(c.accumulate)
-        return base * factor
+        return base * factor + extra
+
+    def _offloaded_share(self, c: Choice) -> float:
+        """What the choice saves for backward against the baseline: the share of the bytes
+        offloading copies (micro-batches copy the whole batch's, a slice at a time)."""
+        mine = self.precision[c.precision].dynamic_bytes
+        share = mine / max(self.base.dynamic_bytes, 1)
+        if c.blocks and mine > 0:
+            whole = self.all_blocks[c.precision].dynamic_bytes / mine
+            share *= 1 + (whole - 1) * c.blocks / self.blocks
+        return max(share, 0.0)
 
     def _kept(self, c: Choice) -> float:
         """The share of the precision's dynamic bytes that the choice keeps."""
