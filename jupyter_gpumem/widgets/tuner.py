@@ -554,7 +554,7 @@ class Tuner(widgets.VBox):
             return self.trial.run(config)
         if config.parallel is not None:
             raise RuntimeError(
-                f"measuring {choice_label(config)} forks its ranks through a trial: "
+                f"measuring {choice_label(config)} starts its ranks through a trial: "
                 "tune(model, 'opt', trial=Trial(model, batch, loss_fn)); the re-run cell runs "
                 "in this one process, on 1 GPU"
             )

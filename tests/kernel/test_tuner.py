@@ -629,7 +629,7 @@ def test_without_a_trial_the_gpus_button_says_what_it_needs(
     _run_loop(shell)
     tuner.set(Config(parallel="ddp", world_size=2))
     tuner.panel.buttons["Re-run"].click()  # the cell runs in this one process
-    assert f"measuring ddp {X} 2 forks its ranks through a trial" in tuner.panel.messages.value
+    assert f"measuring ddp {X} 2 starts its ranks through a trial" in tuner.panel.messages.value
 
 
 def test_will_it_fit_with_the_real_estimates_of_a_tiny_mlp_on_two_cpu_ranks(
