@@ -346,3 +346,25 @@ def test_blocks_of_single_layers_say_that_nothing_is_freed() -> None:
     assert none.peak_bytes is None and none.reason is not None
     assert "'blocks' found no repeated blocks in TwoLayers" in none.reason
     assert "Name the modules to checkpoint instead" in none.reason
+
+
+def test_many_micro_batches_are_estimated_from_two_to_the_byte() -> None:
+    """From the second micro-batch on each holds what the one before held, so the fake step
+    runs two of them: the loss is computed twice a step whatever ``accumulate`` is, and the
+    estimate still equals the measured peak."""
+    trial = _gpt()
+    calls: list[int] = []
+
+    def counted(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        calls.append(ids.shape[0])
+        return _gpt_loss(m, ids)
+
+    trial.loss_fn = counted
+    est = trial.estimate(accumulate=8)
+    steps = trial.warmup + trial.steps
+    assert set(calls) == {1} and 2 <= len(calls) <= 2 * steps  # two micro-batches of 1 row a step
+    calls.clear()
+    result = trial.run(Config(accumulate=8))
+    assert len(calls) == 8 * steps  # the measured steps run all eight
+    assert est.peak_bytes == result.peak_allocated_bytes
+    assert est.breakdown == result.breakdown

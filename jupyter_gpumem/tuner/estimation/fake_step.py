@@ -244,6 +244,9 @@ def _steps(
     return window
 
 
+STEADY_MICRO_BATCHES = 2  # micro-batches a fake step runs: the later ones repeat the second
+
+
 def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
     """:meth:`Trial._timed_step` with tags and phase marks: the loss lives through the step."""
 
@@ -257,7 +260,9 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
             log.tag(t, "activations")
         return t
 
-    for micro in applied.micro_batches(batch):
+    # From the second micro-batch on, each one holds what the one before held (the gradients
+    # exist, the last loss lives until the next is made): two stand for any number of them.
+    for micro in applied.micro_batches(batch)[:STEADY_MICRO_BATCHES]:
         log.mark("forward")
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack), applied.autocast():
             loss = loss_fn(applied.model, micro)
