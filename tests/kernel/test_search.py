@@ -13,10 +13,12 @@ from tests.kernel.test_estimate import TinyGPT, _gpt, _gpt_batch, _gpt_loss, _tr
 
 
 def _weights_heavy() -> Trial:
-    """Four blocks whose weights and AdamW state outweigh the activations of a small batch."""
+    """Four blocks whose weights and Adam state outweigh the activations of a small batch.
+
+    Adam has no 8-bit variant to keep its algorithm with, so nothing in one process helps."""
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(4)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return m(x).square().mean()
@@ -63,7 +65,7 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
 
 
 def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within() -> None:
-    """A model whose weights and AdamW state outweigh its activations fits no single process
+    """A model whose weights and Adam state outweigh its activations fits no single process
     below them, whatever is checkpointed or accumulated: FSDP2 on two ranks shards them."""
     trial = _weights_heavy()
     alone = trial.search(10**9, measure=False)  # everything fits: the least change, one process
@@ -84,7 +86,7 @@ def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within
 
 
 def test_lora_is_taken_only_when_allowed_and_its_winner_measures_within() -> None:
-    """Weights and AdamW state outweigh the activations: without LoRA no single process fits
+    """Weights and Adam state outweigh the activations: without LoRA no single process fits
     below them; allowed, adapters trained alone fit, and the first line says what changed."""
     pytest.importorskip("peft")
     trial = _weights_heavy()
