@@ -44,6 +44,17 @@ def _closed_panels() -> Iterator[None]:
     gc.collect()
 
 
+def _gpt_adam() -> Trial:
+    """The tiny GPT trained with Adam: no 8-bit variant keeps its algorithm, so under 40%
+    only micro-batches fit."""
+    trial = _gpt()
+    opt = torch.optim.Adam(trial.model.parameters(), lr=1e-3)
+    return Trial(
+        trial.model, trial.batch, trial.loss_fn, optimizer=opt, warmup=trial.warmup,
+        steps=trial.steps,
+    )  # fmt: skip
+
+
 def _budget(trial: Trial) -> int:
     """40% of the measured baseline: no candidate without gradient accumulation fits."""
     base = trial.run(Config())
@@ -53,7 +64,7 @@ def _budget(trial: Trial) -> int:
 
 @pytest.fixture(scope="module")
 def found() -> Search:
-    trial = _trained(_gpt())
+    trial = _trained(_gpt_adam())
     return trial.search(_budget(trial))
 
 
@@ -130,7 +141,7 @@ def test_the_chart_draws_the_front_the_budget_and_the_winner_then_its_measuremen
 
     shown = reasoning_html(found, on_cpu=True)
     assert shown.startswith('<div class="jp-gpumem-search-reasoning"')
-    assert "<div><b>Keeps your optimizer, adamw" in shown  # the first line, in bold
+    assert "<div><b>Keeps your optimizer, adam " in shown  # the first line, in bold
     assert "Verified by a measured run" in shown and "press Apply" in shown
     assert "compare configurations with each other only" in shown
 
@@ -161,7 +172,7 @@ def test_without_step_times_points_stand_at_their_number_of_changes() -> None:
 
 @pytest.fixture
 def tuned(shell: InteractiveShell) -> tuple[Any, Trial]:
-    trial = _trained(_gpt())
+    trial = _trained(_gpt_adam())
     shell.user_ns.update(model=trial.model, opt=trial.optimizer)
     return tune(trial.model, "opt", trial=trial, shell=shell), trial
 
@@ -191,7 +202,7 @@ def test_search_button_shows_the_front_and_apply_applies_exactly_the_winner(
     assert len(tuner.panel.search_chart.points.x) == len(found.front)
     assert len(tuner.panel.search_chart.measured.x) == 1  # verified: outlined
     first = found.reasoning[0]
-    assert first.startswith("Keeps your optimizer, adamw")
+    assert first.startswith("Keeps your optimizer, adam ")
     assert "press Apply" in tuner.panel.search_text.value
     rows = tuner.rows
     assert [r["configuration"] for r in rows] == ["baseline", f"search · {winner}"]
@@ -238,7 +249,7 @@ def test_micro_batches_go_through_set_and_apply_without_a_control(
 
 
 def test_search_says_what_it_needs(shell: InteractiveShell) -> None:
-    trial = _trained(_gpt())
+    trial = _trained(_gpt_adam())
     shell.user_ns.update(model=trial.model, opt=trial.optimizer)
     alone = tune(trial.model, "opt", shell=shell, budget="1MiB")
     button = alone.panel.buttons[SEARCH_BUTTON]
