@@ -165,11 +165,7 @@ def _start_and_wait(
     gpus: int,
 ) -> dict[int, int | None]:
     """Start the ranks and wait for all; stop the rest when one fails. Exit codes by rank."""
-    context = (
-        multiprocessing.get_context("spawn")
-        if method == "spawn"
-        else multiprocessing.get_context("fork")
-    )
+    context: Any = multiprocessing.get_context(method)  # "fork" or "spawn": both have Process
     processes = [
         context.Process(
             target=_rank_main,

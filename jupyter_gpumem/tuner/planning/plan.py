@@ -50,7 +50,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
-from jupyter_gpumem.techniques.config import check_parallel
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
@@ -633,7 +632,7 @@ def math_line(own: str | None, changes: tuple[str, ...]) -> str:
 
 def _ranks(parallel: str | None, world_size: int) -> Config:
     """The strategy and world size every run of the plan gets; ValueError saying what is allowed."""
-    return Config(parallel=check_parallel(parallel, world_size), world_size=world_size)
+    return Config(parallel=parallel, world_size=world_size)  # Config checks them
 
 
 def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
