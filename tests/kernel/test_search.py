@@ -44,10 +44,9 @@ def test_the_winner_fits_when_measured_and_keeps_the_training_math() -> None:
     assert measured.peak_allocated_bytes <= budget, found.text()
 
 
-def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> None:
-    torch.manual_seed(0)
-    real = _trained(_gpt())
-    base = real.estimate()
+def meta_gpt() -> tuple[Trial, int]:
+    """The tiny GPT built on the meta device, and half its estimated peak with weights."""
+    base = _trained(_gpt()).estimate()
     assert base.peak_bytes is not None
     with torch.device("meta"):
         model = TinyGPT()
@@ -55,7 +54,14 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
     trial = Trial(
         model, _gpt_batch(8).to("meta"), _gpt_loss, optimizer=opt, warmup=1, steps=2, device="cpu"
     )
-    found = trial.search(int(0.5 * base.peak_bytes))
+    return trial, int(0.5 * base.peak_bytes)
+
+
+def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> None:
+    torch.manual_seed(0)
+    trial, budget = meta_gpt()
+    model = trial.model
+    found = trial.search(budget)
     assert found.config is not None and found.predicted_step_s is None
     assert "step times unknown" in found.text()
     assert all(p.is_meta for p in model.parameters())  # nothing materialised

@@ -27,7 +27,8 @@ from jupyter_gpumem.widgets.search_chart import (
 )
 from jupyter_gpumem.widgets.tuner import ACCUMULATE_HELP, tune
 from jupyter_gpumem.widgets.tuner_panel import SEARCH_BUTTON, SEARCH_NEEDS
-from tests.kernel.test_estimate import TinyGPT, _gpt, _gpt_batch, _gpt_loss, _trained
+from tests.kernel.test_estimate import _gpt, _trained
+from tests.kernel.test_search import meta_gpt
 
 BLOCKS = ("blocks.0", "blocks.1")
 
@@ -147,16 +148,8 @@ def test_the_chart_draws_the_front_the_budget_and_the_winner_then_its_measuremen
 
 
 def test_without_step_times_points_stand_at_their_number_of_changes() -> None:
-    real = _trained(_gpt())
-    base = real.estimate()
-    assert base.peak_bytes is not None
-    with torch.device("meta"):
-        model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    trial = Trial(
-        model, _gpt_batch(8).to("meta"), _gpt_loss, optimizer=opt, warmup=1, steps=2, device="cpu"
-    )
-    found = trial.search(int(0.5 * base.peak_bytes))
+    trial, budget = meta_gpt()
+    found = trial.search(budget)
     assert found.config is not None and found.baseline_step_s is None
     chart = SearchChart()
     marks = chart.update(found, BLOCKS)

@@ -18,30 +18,7 @@ from torch import nn
 
 from jupyter_gpumem.techniques import Config, apply_config, offloading
 from jupyter_gpumem.techniques.offloading import NO_EFFECT, OnHost, offloaded
-
-D = 16
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(D, D)
-        self.drop = nn.Dropout(0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(torch.tanh(self.fc(x)))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([Block() for _ in range(4)])
-        self.head = nn.Linear(D, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+from tests.unit.test_techniques_applied import D, Net
 
 
 @pytest.fixture
