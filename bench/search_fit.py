@@ -10,10 +10,12 @@ the winner confirmed by its own estimate) and its winner is measured. The grid m
 configuration of checkpointed blocks (none, half, all) x precision (as is, bf16 autocast) x
 optimizer (AdamW, fused AdamW) x micro-batches (1, 2, 4): 36 configurations, each run once and
 shared by the budgets; the fastest fitting one is the mark the winner's step time is held to
-(within 10%). Step times of one configuration vary by about 10% from run to run, so the fastest
-fitting grid configuration is measured again right after the winner (``grid_fastest_rerun``):
-the two are compared back to back. ``--grid-from`` takes the grid of an earlier run of the same
-workload instead of measuring it again.
+(within 10%). Step times of one configuration vary by about 10% from run to run, so after the
+search the winner and the grid's three fastest fitting configurations are measured again in turn,
+three rounds (``paired``): the winner's median against the fastest of theirs is the comparison
+(``winner_vs_fastest_paired_pct``). ``--grid-from`` takes the grid of an earlier run of the same
+workload instead of measuring it again. Each budget may run in its own process, one GPU each
+(``CUDA_VISIBLE_DEVICES``); ``--shares`` with no value measures the baseline and the grid alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORKLOADS = ("gpt2-medium", "vit-l16")
+ROUNDS = 3  # the winner and the grid's fastest fitting configurations, measured in turn
+CONTENDERS = 3  # the grid's fastest fitting configurations measured again beside the winner
 
 
 def build(name: str) -> Any:
@@ -135,26 +139,43 @@ def one(
         if fitting:
             fastest = min(fitting)
             row["grid_fastest"] = {"config": fastest[1], "step_s": fastest[0]}
-            if row.get("measured_step_s"):
+            if row.get("measured_step_s") and found.config is not None:
                 row["winner_vs_fastest_pct"] = 100 * (row["measured_step_s"] / fastest[0] - 1)
                 by_label = {str(c): c for c in grid(trial)}
-                again = trial.run(by_label[fastest[1]])  # back to back with the winner
-                row["grid_fastest_rerun"] = {
-                    "step_s": again.step_s, "peak": again.peak_allocated_bytes,
-                    "winner_vs_rerun_pct": 100 * (row["measured_step_s"] / again.step_s - 1)
-                    if again.step_s else None,
-                }  # fmt: skip
+                contenders = [by_label[k] for _, k in sorted(fitting)[:CONTENDERS]]
+                row["paired"] = paired(trial, found.config, contenders)
+                print(json.dumps({"paired": row["paired"]}), flush=True)
         print(json.dumps({k: v for k, v in row.items() if k != "reasoning"}), flush=True)
         budgets.append(row)
         save(result)  # a run cut short keeps the budgets done
     return result
 
 
+def paired(trial: Any, winner: Any, contenders: list[Any]) -> dict[str, Any]:
+    """The winner and the contenders measured in turn, ``ROUNDS`` times: medians compared."""
+    import statistics
+
+    times: dict[str, list[float]] = {str(c): [] for c in [winner, *contenders]}
+    for _ in range(ROUNDS):
+        for config in [winner, *contenders]:
+            r = trial.run(config)
+            if r.status == "ok" and r.step_s:
+                times[str(config)].append(r.step_s)
+    medians = {k: statistics.median(v) for k, v in times.items() if v}
+    others = {k: v for k, v in medians.items() if k != str(winner)}
+    out: dict[str, Any] = {"rounds": ROUNDS, "step_s": times, "median_s": medians}
+    if str(winner) in medians and others:
+        best = min(others, key=others.__getitem__)
+        out["fastest_contender"] = best
+        out["winner_vs_fastest_paired_pct"] = 100 * (medians[str(winner)] / others[best] - 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
     parser.add_argument("--only", choices=WORKLOADS, action="append")
-    parser.add_argument("--shares", type=float, nargs="+", default=[0.6, 0.4, 0.25])
+    parser.add_argument("--shares", type=float, nargs="*", default=[0.6, 0.4, 0.25])
     parser.add_argument("--no-grid", action="store_true", help="the search alone (its time)")
     parser.add_argument("--grid-from", type=Path, help="an earlier result whose grid to reuse")
     args = parser.parse_args()

@@ -16,7 +16,7 @@ from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tuner.forked_ranks import Collect, RankRun, run_job, run_ranks
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.saved_state import SavedState
-from jupyter_gpumem.tuner.steps import measure_config
+from jupyter_gpumem.tuner.steps import Timing, measure_config, time_config
 from jupyter_gpumem.tuner.workload import Workload
 
 
@@ -61,6 +61,14 @@ class Runner:
         if config.parallel is not None:
             return run_ranks(workload, config)
         return measure_config(workload, config)
+
+    def fresh_timing(self, workload: Workload, config: Config, steps: int) -> Timing:
+        """One configuration's step time from the saved start, untracked; call it inside
+        :meth:`preserved`. One process only."""
+        assert self._saved is not None, "inside preserved()"
+        assert config.parallel is None, "one process"
+        self._saved.reset_for_trial()
+        return time_config(workload, config, steps)
 
     def fresh_job(self, workload: Workload, config: Config, collect: Collect) -> RankRun:
         """A parallel configuration from the saved start, ``collect()`` called in each rank

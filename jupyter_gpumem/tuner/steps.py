@@ -3,16 +3,18 @@
 Warm-up steps run under their own tracker (their report is built only if one fails), then the
 measured steps: exact peak and breakdown from the same recorder and analysis as the magic.
 Step times include the tracker's cost: small with the CUDA allocator trace, large with the CPU
-stand-in, so CPU timings only compare configurations with each other.
+stand-in, so CPU timings only compare configurations with each other. :func:`time_config` times
+steps with no tracker at all, for a search that only needs a configuration's step time.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from jupyter_gpumem.report.record import Report, status_of
 from jupyter_gpumem.session import Measurement, MeasureOptions
@@ -32,6 +34,31 @@ def measure_config(workload: Workload, config: Config) -> TrialResult:
         return measure_steps(workload, config, applied)
     finally:
         applied.revert()  # the state comes back before the next trial and after the last
+
+
+class Timing(NamedTuple):
+    """A configuration's step time, untracked; None with the reason where a step failed."""
+
+    step_s: float | None
+    error: str | None = None
+
+
+def time_config(workload: Workload, config: Config, steps: int) -> Timing:
+    """Apply ``config``, run one warm-up step and ``steps`` timed ones, revert: the median."""
+    try:
+        applied = apply_config(workload.model, config, workload.optimizer)
+    except Exception as exc:
+        return Timing(None, f"{type(exc).__name__}: {exc}")
+    try:
+        times = [_timed_step(workload, applied) for _ in range(1 + steps)]
+    except Exception as exc:
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)
+        release(sys.modules["torch"], collect=True)
+        return Timing(None, f"{type(exc).__name__}: {exc}")
+    finally:
+        applied.revert()
+    return Timing(statistics.median(times[1:]))
 
 
 def measure_steps(

@@ -10,7 +10,8 @@ beside the later measurement.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +22,7 @@ from jupyter_gpumem.tuner.planning.joint import Search, search
 from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
+from jupyter_gpumem.tuner.steps import Timing
 from jupyter_gpumem.tuner.workload import LossFn, Workload, checked_workload, needs_weights
 from jupyter_gpumem.units import echoed_kind
 
@@ -92,6 +94,25 @@ class Trial:
         needs_weights(workload, "run()")
         with self._runner.preserved(workload):
             return self._with_estimate(self._runner.fresh_run(workload, config))
+
+    def step_time(self, config: Config, steps: int = 2) -> Timing:
+        """One configuration's step time with nothing tracked: the median of ``steps`` steps
+        after one warm-up step (None, with the reason, where a step fails). One process only;
+        the model and optimizer come back unchanged."""
+        if not isinstance(config, Config) or config.parallel is not None:
+            raise TypeError(f"step_time takes a one-process Config; got {echoed_kind(config)}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps is a whole number of at least 1, got {steps!r}")
+        workload = self.workload
+        needs_weights(workload, "step_time()")
+        with self._runner.preserved(workload):
+            return self._runner.fresh_timing(workload, config, steps)
+
+    @contextmanager
+    def preserved(self) -> Iterator[None]:
+        """Runs inside share one saved copy of the user's state, put back once at the end."""
+        with self._runner.preserved(self.workload):
+            yield
 
     def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
         """The baseline ``Config()`` first, then each configuration once, all from the same start."""

@@ -44,6 +44,29 @@ def test_the_winner_fits_when_measured_and_keeps_the_training_math() -> None:
     assert measured.peak_allocated_bytes <= budget, found.text()
 
 
+def test_tf32_reuses_the_fp32_estimate_and_fp16_autocast_is_never_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_gpumem.tuner.planning import joint
+
+    estimated: list[Config] = []
+    real = joint.estimate_workload
+
+    def counted(workload: object, config: Config) -> object:
+        estimated.append(config)
+        return real(workload, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(joint, "estimate_workload", counted)
+    trial, budget = meta_gpt()
+    found = trial.search(budget)
+    assert not any(c.precision in ("tf32", "fp16-autocast") for c in estimated)
+    assert len(set(estimated)) == len(estimated)  # no configuration estimated twice
+    assert joint.UNSEARCHED_FP16 in found.reasoning
+    tf32 = trial.estimate(config=Config(precision="tf32"))
+    fp32 = trial.estimate(config=Config())
+    assert tf32.peak_bytes == fp32.peak_bytes and tf32.breakdown == fp32.breakdown
+
+
 def meta_gpt() -> tuple[Trial, int]:
     """The tiny GPT built on the meta device, and half its estimated peak with weights."""
     base = _trained(_gpt()).estimate()

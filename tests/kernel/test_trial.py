@@ -195,6 +195,31 @@ def test_out_of_memory_becomes_a_result_and_the_next_trial_runs(
     assert ok.status == "ok"
 
 
+def test_step_time_runs_untracked_steps_and_restores_bit_for_bit(
+    trained: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor],
+) -> None:
+    model, opt, x = trained
+    before = _state(model, opt)
+    calls = []
+
+    def loss_fn(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        calls.append(torch.cuda.is_available())
+        return _loss(m, b)
+
+    trial = Trial(model, x, loss_fn, optimizer=opt, warmup=3, steps=5)
+    timing = trial.step_time(Config(accumulate=2), steps=3)
+    assert timing.error is None and timing.step_s is not None and timing.step_s > 0
+    assert len(calls) == 2 * (1 + 3)  # one warm-up step and three timed ones, two micro-batches
+    _assert_same(before, _state(model, opt))
+    failing = Trial(model, x, _raising(2, lambda: ValueError("bad batch")), optimizer=opt)
+    assert failing.step_time(Config()) == (None, "ValueError: bad batch")
+    _assert_same(before, _state(model, opt))
+    with pytest.raises(ValueError, match="at least 1"):
+        trial.step_time(Config(), steps=0)
+    with pytest.raises(TypeError, match="one-process Config"):
+        trial.step_time(Config(parallel="ddp", world_size=2))
+
+
 def test_compare_puts_the_baseline_first_and_sgd_saves_the_adam_state(
     trained: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor],
 ) -> None:

@@ -2,10 +2,12 @@
 accumulation x activation offloading, the cheapest candidate that fits a budget, confirmed by its
 own estimate.
 
-A handful of anchors are estimated on fake tensors (and, where the model holds weights, measured
-for their step time): each precision alone, each optimizer variant alone, each precision with
+A handful of anchors are estimated on fake tensors (and, where the model holds weights, timed
+with nothing tracked, from one saved copy of the user's state): each precision alone, each optimizer variant alone, each precision with
 every block checkpointed and with the most micro-batches, and each offloading alone (on a GPU:
-on the CPU it moves nothing). Every combination's peak and step time
+on the CPU it moves nothing). A TF32 anchor takes the fp32 one's estimate (TF32 changes how
+matmuls round, not what they allocate), and fp16 autocast is left out (its loss scaling reads
+values that fake tensors do not have). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
 candidates that fit are taken cheapest first (least predicted step time; fewest changes where
 times are unknown) and each is estimated on its own until one fits: that one is the winner,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,6 +61,11 @@ __all__ = ["Search", "search"]
 
 ACCUMULATE = (2, 4, 8)  # micro-batches tried, where the batch splits so
 CONFIRM = 8  # candidates estimated on their own, at most, before the search gives up
+TIMED_STEPS = 2  # an anchor's steps timed, after one warm-up step
+UNSEARCHED_FP16 = (
+    "fp16-autocast: not searched, its loss scaling reads tensor values (the overflow check), "
+    "which fake tensors do not have; bf16-autocast saves the same memory without it."
+)
 LORA_RANK = 16  # the adapters' rank where LoRA is allowed
 Progress = Callable[[str], None]
 
@@ -140,16 +148,31 @@ def search(
     t0 = time.perf_counter()
     budget_bytes = budget_of(budget)
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
+    model = trial.workload.model
+    measure = not holds_no_weights(model) if measure is None else measure
+    if measure and holds_no_weights(model):
+        raise ValueError("measure=True needs a model with weights; this one is on the meta device")
+    sizes = _world_sizes(world_sizes)
+    with trial.preserved() if measure else nullcontext():  # the state saved once, for every anchor
+        return _search(trial, budget_bytes, allow, measure, sizes, confirm, progress, t0)
+
+
+def _search(
+    trial: Any,
+    budget_bytes: int,
+    allow: tuple[str, ...],
+    measure: bool,
+    sizes: list[int],
+    confirm: int,
+    progress: Progress | None,
+    t0: float,
+) -> Search:
     lora_allowed = "lora" in allow
     changes = changes_of([a for a in allow if a != "lora"])
     say = progress or (lambda _: None)
     workload = trial.workload
     model = workload.model
-    measure = not holds_no_weights(model) if measure is None else measure
-    if measure and holds_no_weights(model):
-        raise ValueError("measure=True needs a model with weights; this one is on the meta device")
     limit = int(budget_bytes * (1 - SAFETY))
-    sizes = _world_sizes(world_sizes)
     own = optimizer_name(workload.optimizer)
     trained = (
         " LoRA adapters may be trained in place of the full model (allowed), which changes what "
@@ -171,20 +194,28 @@ def search(
     splits = [a for a in ACCUMULATE if _splits(workload.batch, a)]
     most = max(splits, default=1)
 
+    if "fp16-autocast" in precisions:
+        precisions.remove("fp16-autocast")
+        lines.append(UNSEARCHED_FP16)
     made: dict[Config, Estimate] = {}
 
     def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
-        say(f"estimating {config}")
-        found = estimate_workload(workload, config)
+        alike = made.get(replace(config, precision=None)) if config.precision == "tf32" else None
+        if alike is None:
+            say(f"estimating {config}")
+            found = estimate_workload(workload, config)
+        else:  # TF32 changes how matmuls round, not what they allocate
+            found = replace(alike, config=config, label=str(config))
         made[config] = found
         if found.peak_bytes is None or found.breakdown is None:
             lines.append(f"{config}: not estimated, {found.reason}.")
             return None
         step = None
         if measure and timed:
-            say(f"measuring {config}")
-            result = trial.run(config)
-            step = result.step_s if result.status == "ok" else None
+            say(f"timing {config}")
+            step, error = trial.step_time(config, TIMED_STEPS)
+            if error is not None:
+                lines.append(f"{config}: its step time is not known, the step failed: {error}.")
         return Anchor.of(found.peak_bytes, found.breakdown, step)
 
     base = anchor(Config())
@@ -237,7 +268,7 @@ def search(
     lines.append(
         f"{len(points)} candidates composed from {len(made)} estimated configurations"
         + (
-            " (each also measured for its step time)."
+            " (each also timed for its step time)."
             if measure
             else "; step times unknown, so the fewest changes win."
         )
