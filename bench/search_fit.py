@@ -13,8 +13,9 @@ shared by the budgets; the fastest fitting one is the mark the winner's step tim
 (within 10%). Step times of one configuration vary by about 10% from run to run, so after the
 search the winner and the grid's three fastest fitting configurations are measured again in turn,
 three rounds (``paired``): the winner's median against the fastest of theirs is the comparison
-(``winner_vs_fastest_paired_pct``). ``--grid-from`` takes the grid of an earlier run of the same
-workload instead of measuring it again. Each budget may run in its own process, one GPU each
+(``winner_vs_fastest_paired_pct``). ``--grid-from`` takes the grids of earlier runs of the same
+workload (merged) instead of measuring them again; ``--grid-part K/N`` measures one N-th of the
+grid, so that N GPUs share it. Each budget may run in its own process, one GPU each
 (``CUDA_VISIBLE_DEVICES``); ``--shares`` with no value measures the baseline and the grid alone.
 """
 
@@ -84,7 +85,12 @@ def grid(trial: Any) -> list[Any]:
 
 
 def one(
-    name: str, shares: list[float], with_grid: bool, save: Any, earlier: dict[str, Any] | None
+    name: str,
+    shares: list[float],
+    with_grid: bool,
+    save: Any,
+    earlier: dict[str, Any] | None,
+    grid_part: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     import torch
 
@@ -104,7 +110,8 @@ def one(
         measured.update(earlier["grid"])
         result["grid_from"] = "an earlier run"
     elif with_grid:
-        for config in grid(trial):
+        part, parts = grid_part
+        for config in grid(trial)[part::parts]:
             r = trial.run(config)
             measured[str(config)] = {
                 "peak": r.peak_allocated_bytes,
@@ -112,7 +119,7 @@ def one(
                 "status": r.status,
             }
             print(json.dumps({"grid": str(config), **measured[str(config)]}), flush=True)
-        save(result)
+            save(result)  # a run cut short keeps the configurations done
     for share in shares:
         budget = int(share * peak)
         t0 = time.perf_counter()
@@ -142,7 +149,8 @@ def one(
             if row.get("measured_step_s") and found.config is not None:
                 row["winner_vs_fastest_pct"] = 100 * (row["measured_step_s"] / fastest[0] - 1)
                 by_label = {str(c): c for c in grid(trial)}
-                contenders = [by_label[k] for _, k in sorted(fitting)[:CONTENDERS]]
+                others = [k for _, k in sorted(fitting) if k != str(found.config)]
+                contenders = [by_label[k] for k in others[:CONTENDERS]]
                 row["paired"] = paired(trial, found.config, contenders)
                 print(json.dumps({"paired": row["paired"]}), flush=True)
         print(json.dumps({k: v for k, v in row.items() if k != "reasoning"}), flush=True)
@@ -177,7 +185,14 @@ def main() -> None:
     parser.add_argument("--only", choices=WORKLOADS, action="append")
     parser.add_argument("--shares", type=float, nargs="*", default=[0.6, 0.4, 0.25])
     parser.add_argument("--no-grid", action="store_true", help="the search alone (its time)")
-    parser.add_argument("--grid-from", type=Path, help="an earlier result whose grid to reuse")
+    parser.add_argument(
+        "--grid-from", type=Path, nargs="+", help="earlier results whose grids to reuse (merged)"
+    )
+    parser.add_argument(
+        "--grid-part",
+        default="0/1",
+        help="K/N: measure every N-th grid configuration from the K-th",
+    )
     args = parser.parse_args()
     args.output.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -188,11 +203,16 @@ def main() -> None:
             json.dumps({"machine": platform.node(), "workloads": workloads}, indent=1)
         )
 
-    earlier = {}
-    if args.grid_from is not None:
-        earlier = {w["workload"]: w for w in json.loads(args.grid_from.read_text())["workloads"]}
+    earlier: dict[str, dict[str, Any]] = {}
+    for path in args.grid_from or ():
+        for w in json.loads(path.read_text())["workloads"]:
+            merged = earlier.setdefault(w["workload"], {**w, "grid": {}})
+            merged["grid"].update(w["grid"])
+    part, parts = (int(n) for n in args.grid_part.split("/"))
     for name in args.only or WORKLOADS:
-        results.append(one(name, args.shares, not args.no_grid, save, earlier.get(name)))
+        results.append(
+            one(name, args.shares, not args.no_grid, save, earlier.get(name), (part, parts))
+        )
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ SCRIPT = textwrap.dedent(
         batch = (torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,)))
         return model, batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
 
+    def outside(r):  # NVML's figure for the rank and what it holds beyond reserved, its own GPU
+        cuda = [d for d in (r.report.devices if r.report else ()) if d.device.startswith("cuda")]
+        own = max(cuda, key=lambda d: d.peak_allocated_bytes, default=None)
+        return None if own is None else [own.nvml_process_bytes, own.non_torch_bytes]
+
     worlds = tuple(int(w) for w in sys.argv[1].split(","))
     out = {"gpus": torch.cuda.device_count(), "cases": []}
     for name, build in (("gpt2", gpt2), ("vit_b_16", vit)):
@@ -76,6 +81,10 @@ SCRIPT = textwrap.dedent(
                             "estimated_breakdown": e.breakdown,
                             "measured_breakdown": r.breakdown,
                             "report_notes": list(r.report.notes) if r.report else None,
+                            "outside": outside(r),
+                            "estimated_outside": (e.context_bytes or 0)
+                            + (e.verdict.communication_bytes if e.verdict else 0),
+                            "verdict_needed": e.verdict.needed_bytes if e.verdict else None,
                         }
                         for r, e in zip(res.ranks, est.ranks)
                     ],
@@ -171,6 +180,27 @@ def test_shards_and_buckets_land_in_their_categories(figures: dict[str, Any]) ->
                 # each rank holds its padded shard of the parameters, and no unsharded copy
                 assert est["parameters"] == measured["parameters"], (case["model"], est, measured)
                 assert measured["unattributed"] <= 0.02 * rank["measured"], (case, measured)
+
+
+OUTSIDE_PCT = 5.0
+
+
+def test_over_nccl_the_verdict_counts_what_each_rank_holds_outside_the_allocator(
+    figures: dict[str, Any],
+) -> None:
+    """Each rank's CUDA context and NCCL's buffers (NVML's figure less reserved) are in its
+    verdict: their sum within 5%, and what the verdict needs covers what NVML charged the rank."""
+    over_nccl = [c for c in figures["cases"] if figures["gpus"] >= c["world_size"]]
+    if not over_nccl:
+        pytest.skip("fewer GPUs than ranks: the ranks share them over gloo, with no NCCL")
+    for case in over_nccl:
+        for rank in case["ranks"]:
+            label = (case["model"], case["parallel"], case["world_size"], rank["rank"])
+            nvml, outside = rank["outside"]
+            assert outside > 0 and nvml > outside, label
+            gap = 100 * (rank["estimated_outside"] / outside - 1)
+            assert abs(gap) <= OUTSIDE_PCT, (label, rank["estimated_outside"], outside)
+            assert rank["verdict_needed"] >= 0.98 * nvml, (label, rank["verdict_needed"], nvml)
 
 
 def test_the_kernel_stays_free_to_fork(figures: dict[str, Any]) -> None:

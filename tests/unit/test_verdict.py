@@ -6,6 +6,7 @@ import pytest
 
 from jupyter_gpumem.tuner.estimation.cards import CARDS, card
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.estimation.nccl import MEASURED, nccl_share
 from jupyter_gpumem.tuner.estimation.verdict import MARGIN, verdict
 
 GiB = 2**30
@@ -59,6 +60,24 @@ def test_a_peak_fits_when_reserved_context_and_margin_stay_within_the_card() -> 
     assert remedies[0].startswith("parameters: keeping the weights in bf16")
     assert "checkpointing" in remedies[1]
     assert [d for d in over.details() if d.startswith("try for parameters")]
+
+
+def test_a_rank_needs_nccl_buffers_beside_its_context() -> None:
+    h100 = card("H100")
+    one = verdict(h100, 10 * GiB, GiB // 2, {"activations": 10 * GiB})
+    assert nccl_share(1) is None and one.communication_bytes == 0
+    share = nccl_share(4)
+    assert share is not None and share.bytes == MEASURED[4] and "4 ranks" in share.basis
+    rank = verdict(h100, 10 * GiB, GiB // 2, {"activations": 10 * GiB}, share)
+    assert rank.needed_bytes - one.needed_bytes == share.bytes
+    assert "NCCL's buffers 850 MiB (measured with 4 ranks on H100 80GBs)" in rank.details()[0]
+    # a reserved peak that just fits alone no longer fits beside NCCL's buffers
+    edge = int((h100.total_bytes - GiB // 2 - share.bytes // 2) / (1 + MARGIN))
+    assert (
+        verdict(h100, edge, GiB // 2, {}).fits and not verdict(h100, edge, GiB // 2, {}, share).fits
+    )
+    eight = nccl_share(8)
+    assert eight is not None and "measured with 4 ranks" in eight.basis and "for 8" in eight.basis
 
 
 def test_an_unknown_context_is_said() -> None:

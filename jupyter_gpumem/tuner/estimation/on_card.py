@@ -12,13 +12,17 @@ from dataclasses import replace
 from jupyter_gpumem.tuner.estimation import cards, verdict
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
 from jupyter_gpumem.tuner.estimation.fake_peaks import DeviceFacts
+from jupyter_gpumem.tuner.estimation.nccl import NcclShare
 from jupyter_gpumem.units import format_bytes
 
 _HANDLES = 2  # cuBLAS handles a training step uses: its own thread and autograd's
 
 
-def on_card(found: Estimate, facts: DeviceFacts, target: cards.Card | None) -> Estimate:
-    """``found`` with its verdict on ``target`` (default: the card present), figures moved to it."""
+def on_card(
+    found: Estimate, facts: DeviceFacts, target: cards.Card | None, nccl: NcclShare | None = None
+) -> Estimate:
+    """``found`` with its verdict on ``target`` (default: the card present), figures moved to it;
+    ``nccl``: NCCL's buffers on each rank, for a rank of a parallel configuration."""
     if found.peak_bytes is None or found.peak_reserved_bytes is None:
         return found
     here = cards.present(facts.name, facts.total_bytes, facts.capability)
@@ -39,6 +43,6 @@ def on_card(found: Estimate, facts: DeviceFacts, target: cards.Card | None) -> E
         peak_bytes=found.peak_bytes + delta,
         peak_reserved_bytes=reserved,
         device_total_bytes=on.total_bytes,
-        verdict=verdict.verdict(on, reserved, found.context_bytes, found.breakdown),
+        verdict=verdict.verdict(on, reserved, found.context_bytes, found.breakdown, nccl),
         notes=tuple(notes),
     )

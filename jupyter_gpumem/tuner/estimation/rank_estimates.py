@@ -34,6 +34,7 @@ from jupyter_gpumem.tuner.estimation.cards import Card
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
+from jupyter_gpumem.tuner.estimation.nccl import nccl_share
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
@@ -143,8 +144,8 @@ def _ranks(
             config=config,
             rank=rank,
         )
-        if judge is not None:
-            found = on_card(found, judge, gpu)
+        if judge is not None:  # a rank of N GPUs talks over NCCL
+            found = on_card(found, judge, gpu, nccl_share(config.world_size))
         played[key] = found
         out.append(found)
     return out

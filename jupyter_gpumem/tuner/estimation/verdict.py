@@ -1,7 +1,8 @@
 """Will it fit? An estimate's peak set against a card's capacity, with a margin we measured.
 
 What the process holds on the card at the peak is the allocator's reserved peak (the
-library workspaces included) plus the CUDA context. "Fits" means that plus a margin stays
+library workspaces included) plus the CUDA context, and on a rank of N over NCCL, NCCL's own
+buffers (:mod:`.nccl`). "Fits" means that plus a margin stays
 within the card: the margin is ``MARGIN`` of the reserved peak, above the largest error of
 the reserved peak measured in ``bench/results/meta_estimates_h100.json`` (3.1%, a ViT-L/16,
 the estimate under the measurement). Where it does not fit, the verdict names the
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from jupyter_gpumem.analysis.attribution import ADVICE
 from jupyter_gpumem.tuner.estimation.cards import Card
+from jupyter_gpumem.tuner.estimation.nccl import NcclShare, describe
 from jupyter_gpumem.units import format_bytes
 
 MARGIN = 0.05  # of the predicted reserved peak
@@ -32,11 +34,22 @@ class Verdict:
     margin_bytes: int
     fits: bool
     dominant: tuple[tuple[str, int], ...]  # the largest categories at the peak, largest first
+    nccl: NcclShare | None = None  # NCCL's buffers on a rank of N; None: one process
+
+    @property
+    def communication_bytes(self) -> int:
+        """NCCL's buffers outside the allocator (0 for one process)."""
+        return 0 if self.nccl is None else self.nccl.bytes
 
     @property
     def needed_bytes(self) -> int:
-        """Reserved peak, context and margin: what the card must hold."""
-        return self.reserved_bytes + (self.context_bytes or 0) + self.margin_bytes
+        """Reserved peak, context, NCCL's buffers and margin: what the card must hold."""
+        return (
+            self.reserved_bytes
+            + (self.context_bytes or 0)
+            + self.communication_bytes
+            + self.margin_bytes
+        )
 
     @property
     def headroom_bytes(self) -> int:
@@ -68,6 +81,7 @@ class Verdict:
             f"reserved at the peak {format_bytes(self.reserved_bytes)}",
             "CUDA context and libraries "
             + (format_bytes(self.context_bytes) if self.context_bytes is not None else "not known"),
+            *([describe(self.nccl)] if self.nccl is not None else []),
             f"margin {format_bytes(self.margin_bytes)} ({MARGIN:.0%} of the reserved peak)",
         ]
         out = [" + ".join(parts)]
@@ -77,11 +91,15 @@ class Verdict:
 
 
 def verdict(
-    card: Card, reserved_bytes: int, context_bytes: int | None, breakdown: Mapping[str, int] | None
+    card: Card,
+    reserved_bytes: int,
+    context_bytes: int | None,
+    breakdown: Mapping[str, int] | None,
+    nccl: NcclShare | None = None,
 ) -> Verdict:
-    """The verdict of a reserved peak (and its breakdown) on ``card``."""
+    """The verdict of a reserved peak (and its breakdown) on ``card``; ``nccl`` for a rank."""
     margin = int(reserved_bytes * MARGIN)
-    need = reserved_bytes + (context_bytes or 0) + margin
+    need = reserved_bytes + (context_bytes or 0) + (0 if nccl is None else nccl.bytes) + margin
     ranked = sorted(
         ((c, n) for c, n in (breakdown or {}).items() if n > 0 and c not in _NOT_REMEDIABLE),
         key=lambda cn: -cn[1],
@@ -93,4 +111,5 @@ def verdict(
         margin_bytes=margin,
         fits=need <= card.total_bytes,
         dominant=tuple(ranked[:2]),
+        nccl=nccl,
     )
