@@ -38,7 +38,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.fake_step",),
     ("tuner.estimation.fake_group", "tuner.estimation.allocator_model"),
     ("tuner.estimation.fake_peaks",),
-    ("tuner.estimation.cards",),
+    ("tuner.estimation.cards", "tuner.estimation.nccl"),
     ("tuner.estimation.verdict",),
     ("tuner.estimation.estimate",),
     ("tuner.estimation.on_card",),
