@@ -18,6 +18,7 @@ from typing import Any
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tuner.estimation.estimate import BatchSearch, Estimate
 from jupyter_gpumem.tuner.estimation.predict import config_of, estimate_workload, max_batch_size
+from jupyter_gpumem.tuner.planning.anchor_memo import AnchorMemo
 from jupyter_gpumem.tuner.planning.joint import Search, search
 from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
@@ -70,6 +71,7 @@ class Trial:
         self._runner = Runner()
         self._estimates: dict[Config, tuple[int, Estimate]] = {}  # the last, by configuration
         self.last_search: BatchSearch | None = None  # max_batch_size's estimates
+        self.anchor_memo = AnchorMemo()  # search's anchors, for its next search
 
     @property
     def workload(self) -> Workload:

@@ -67,6 +67,47 @@ def test_tf32_reuses_the_fp32_estimate_and_fp16_autocast_is_never_tried(
     assert tf32.peak_bytes == fp32.peak_bytes and tf32.breakdown == fp32.breakdown
 
 
+def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_gpumem.tuner.planning import joint
+
+    estimated: list[Config] = []
+    timed: list[Config] = []
+    real_estimate, real_time = joint.estimate_workload, Trial.step_time
+
+    def counted(workload: object, config: Config) -> object:
+        estimated.append(config)
+        return real_estimate(workload, config)  # type: ignore[arg-type]
+
+    def counted_time(self: Trial, config: Config, steps: int = 2) -> object:
+        timed.append(config)
+        return real_time(self, config, steps)
+
+    monkeypatch.setattr(joint, "estimate_workload", counted)
+    monkeypatch.setattr(Trial, "step_time", counted_time)
+    trial = _trained(_gpt())
+    base = trial.estimate()
+    assert base.peak_bytes is not None
+    first = trial.search(int(0.5 * base.peak_bytes))
+    assert estimated and timed and not any("kept from" in line for line in first.reasoning)
+    made, ran = len(estimated), len(timed)
+    again = trial.search(int(0.5 * base.peak_bytes))  # the panel's Search clicked again
+    assert (len(estimated), len(timed)) == (made, ran)  # nothing estimated or timed anew
+    assert again.config == first.config and again.front == first.front
+    assert any("kept from this trial's last search" in line for line in again.reasoning)
+    tighter = trial.search(int(0.35 * base.peak_bytes))  # another budget: only its own confirms
+    assert len(timed) == ran and not set(estimated[made:]) & set(estimated[:made])
+    assert tighter.anchors == first.anchors
+    trial.batch = _gpt_batch(16)  # another batch shape: new anchors
+    trial.search(int(0.5 * base.peak_bytes))
+    assert Config() in estimated[made:] and len(timed) > ran
+    made, ran = len(estimated), len(timed)
+    trial.model.blocks.append(nn.TransformerEncoderLayer(32, 4, 128, batch_first=True))
+    trial.search(int(0.5 * base.peak_bytes))  # a block added: new anchors again
+    assert Config() in estimated[made:] and len(timed) > ran
+
+
 def meta_gpt() -> tuple[Trial, int]:
     """The tiny GPT built on the meta device, and half its estimated peak with weights."""
     base = _trained(_gpt()).estimate()

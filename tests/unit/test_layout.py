@@ -54,6 +54,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.rank_payload", "tuner.forked_ranks"),
     ("tuner.runner",),
     (
+        "tuner.planning.anchor_memo",
         "tuner.planning.solver",
         "tuner.planning.blocks_at_peak",
         "tuner.planning.fit",

@@ -11,7 +11,9 @@ values that fake tensors do not have). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
 candidates that fit are taken cheapest first (least predicted step time; fewest changes where
 times are unknown) and each is estimated on its own until one fits: that one is the winner,
-its figures the estimate's, never the composition's. ``verify()`` measures it.
+its figures the estimate's, never the composition's. ``verify()`` measures it. The anchors and
+confirmations are kept on the trial (:mod:`.anchor_memo`): its next search of the same workload
+makes none of them again.
 
 It keeps the user's training math unless ``allow`` says otherwise: the same optimizer algorithm
 (its fused and 8-bit variants are allowed), autocast but not pure bf16, the full model trained.
@@ -43,6 +45,7 @@ from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
 from jupyter_gpumem.tuner.estimation.predict import estimate_workload
 from jupyter_gpumem.tuner.estimation.search import budget_of
+from jupyter_gpumem.tuner.planning.anchor_memo import Kept
 from jupyter_gpumem.tuner.planning.composed import (
     Anchor,
     Anchors,
@@ -199,23 +202,36 @@ def _search(
         lines.append(UNSEARCHED_FP16)
     made: dict[Config, Estimate] = {}
 
+    kept = trial.anchor_memo.for_workload(workload)  # the last search's, where nothing changed
+    reused: list[Config] = []
+
     def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
-        alike = made.get(replace(config, precision=None)) if config.precision == "tf32" else None
-        if alike is None:
-            say(f"estimating {config}")
-            found = estimate_workload(workload, config)
-        else:  # TF32 changes how matmuls round, not what they allocate
-            found = replace(alike, config=config, label=str(config))
+        wants_time = measure and timed
+        old = kept.get(config)
+        if old is not None and (old.timed or not wants_time):
+            reused.append(config)
+            found = old.estimate
+            step, error = (old.step_s, old.error) if wants_time else (None, None)
+        else:
+            alike = (
+                made.get(replace(config, precision=None)) if config.precision == "tf32" else None
+            )
+            if alike is None:
+                say(f"estimating {config}")
+                found = estimate_workload(workload, config)
+            else:  # TF32 changes how matmuls round, not what they allocate
+                found = replace(alike, config=config, label=str(config))
+            step, error = None, None
+            if wants_time and found.peak_bytes is not None and found.breakdown is not None:
+                say(f"timing {config}")
+                step, error = trial.step_time(config, TIMED_STEPS)
+            kept[config] = Kept(found, wants_time, step, error)
         made[config] = found
         if found.peak_bytes is None or found.breakdown is None:
             lines.append(f"{config}: not estimated, {found.reason}.")
             return None
-        step = None
-        if measure and timed:
-            say(f"timing {config}")
-            step, error = trial.step_time(config, TIMED_STEPS)
-            if error is not None:
-                lines.append(f"{config}: its step time is not known, the step failed: {error}.")
+        if error is not None:
+            lines.append(f"{config}: its step time is not known, the step failed: {error}.")
         return Anchor.of(found.peak_bytes, found.breakdown, step)
 
     base = anchor(Config())
@@ -273,6 +289,11 @@ def _search(
             else "; step times unknown, so the fewest changes win."
         )
     )
+    if reused:
+        lines.append(
+            f"{len(reused)} of them kept from this trial's last search: the model, batch, "
+            "optimizer and loss are unchanged (trial.anchor_memo.clear() makes them anew)."
+        )
     confirmed: list[Confirmed] = []
     winner: tuple[Point, Estimate] | None = None
     for group in groups:  # the fewest GPUs first
@@ -280,7 +301,7 @@ def _search(
         for point in ranked(mine, limit)[:confirm]:
             config = _config(point.choice, names)
             say(f"confirming {config}")
-            found = made.get(config) or estimate_workload(workload, config)
+            found = made.get(config) or _kept_estimate(kept, workload, config)
             confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
             if found.peak_bytes is not None and found.peak_bytes <= limit:
                 winner = (point, found)
@@ -319,6 +340,14 @@ def _search(
         budget_bytes, config, found, step_s, len(points), shown, tuple(confirmed),
         tuple(lines), time.perf_counter() - t0, len(made), trial=trial, base=base,
     )  # fmt: skip
+
+
+def _kept_estimate(kept: dict[Config, Kept], workload: Any, config: Config) -> Estimate:
+    """A candidate's own estimate, made once per workload."""
+    old = kept.get(config)
+    if old is None:
+        old = kept[config] = Kept(estimate_workload(workload, config), timed=False)
+    return old.estimate
 
 
 def _config(c: Choice, names: Sequence[str]) -> Config:
