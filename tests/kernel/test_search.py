@@ -89,8 +89,12 @@ def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_
     trial = _trained(_gpt())
     base = trial.estimate()
     assert base.peak_bytes is not None
-    first = trial.search(int(0.5 * base.peak_bytes))
-    assert estimated and timed and not any("kept from" in line for line in first.reasoning)
+    untimed = trial.search(int(0.5 * base.peak_bytes), measure=False)
+    assert estimated and not timed and untimed.predicted_step_s is None
+    made = len(estimated)
+    first = trial.search(int(0.5 * base.peak_bytes))  # the same anchors, now timed
+    assert timed and len(set(estimated[made:]) & set(estimated[:made])) == 0
+    assert not any("kept from" in line for line in first.reasoning)
     made, ran = len(estimated), len(timed)
     again = trial.search(int(0.5 * base.peak_bytes))  # the panel's Search clicked again
     assert (len(estimated), len(timed)) == (made, ran)  # nothing estimated or timed anew

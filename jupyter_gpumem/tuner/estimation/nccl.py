@@ -30,8 +30,8 @@ class NcclShare:
 
 
 def nccl_share(world_size: int) -> NcclShare | None:
-    """NCCL's buffers on each of ``world_size`` ranks; None for one process or nothing measured."""
-    if world_size < 2 or not MEASURED:
+    """NCCL's buffers on each of ``world_size`` ranks; None for one process."""
+    if world_size < 2:
         return None
     if world_size in MEASURED:
         return NcclShare(

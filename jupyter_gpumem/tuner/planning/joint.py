@@ -208,10 +208,8 @@ def _search(
     def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
         wants_time = measure and timed
         old = kept.get(config)
-        if old is not None and (old.timed or not wants_time):
-            reused.append(config)
+        if old is not None:  # estimated by the last search; timed there too, where it had to be
             found = old.estimate
-            step, error = (old.step_s, old.error) if wants_time else (None, None)
         else:
             alike = (
                 made.get(replace(config, precision=None)) if config.precision == "tf32" else None
@@ -221,6 +219,10 @@ def _search(
                 found = estimate_workload(workload, config)
             else:  # TF32 changes how matmuls round, not what they allocate
                 found = replace(alike, config=config, label=str(config))
+        if old is not None and (old.timed or not wants_time):
+            reused.append(config)
+            step, error = (old.step_s, old.error) if wants_time else (None, None)
+        else:
             step, error = None, None
             if wants_time and found.peak_bytes is not None and found.breakdown is not None:
                 say(f"timing {config}")
