@@ -84,6 +84,27 @@ def check_offload(where: object) -> str | None:
     return where  # type: ignore[return-value]  # checked against OFFLOADS
 
 
+CPU_OFFLOAD_HELP = (
+    "cpu_offload=True keeps parameters, gradients and optimizer state in host memory and steps "
+    "the optimizer there (FSDP2's CPUOffloadPolicy): it needs parallel='fsdp2', with "
+    "world_size=1 on one GPU"
+)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` as a bool, or ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} is True or False, got {repr(value)[:40]}")
+    return value
+
+
+def check_cpu_offload(cpu_offload: object, parallel: object) -> bool:
+    """Whether parameters and optimizer state live in host memory, or ValueError."""
+    if check_flag("cpu_offload", cpu_offload) and parallel != "fsdp2":
+        raise ValueError(f"{CPU_OFFLOAD_HELP}, got parallel={parallel!r}")
+    return cpu_offload  # type: ignore[return-value]  # checked by check_flag
+
+
 def check_precision(name: object) -> str | None:
     """The precision name, or ValueError listing PRECISIONS."""
     if name is not None and name not in PRECISIONS:
@@ -141,6 +162,10 @@ class Config:
     accumulate: int = 1  # micro-batches per optimizer step (see techniques.accumulation)
     lora: int | None = None  # the rank of LoRA adapters trained alone (see techniques.lora)
     offload: str | None = None  # one of OFFLOADS (see techniques.offloading)
+    # parameters, gradients and optimizer state in host memory (FSDP2's CPUOffloadPolicy)
+    cpu_offload: bool = False
+    # an inference trial's forward under torch.inference_mode (see tuner.workload)
+    inference_mode: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", check_checkpoint_spec(self.checkpoint))
@@ -151,11 +176,14 @@ class Config:
         check_accumulate(self.accumulate)
         check_lora(self.lora)
         check_offload(self.offload)
+        check_cpu_offload(self.cpu_offload, self.parallel)
+        check_flag("inference_mode", self.inference_mode)
 
     @property
     def single(self) -> Config:
-        """The same techniques in one process: what each rank applies before its strategy."""
-        return replace(self, parallel=None, world_size=1)
+        """The same techniques in one process: what each rank applies before its strategy
+        (which places the parameters and optimizer state, ``cpu_offload`` included)."""
+        return replace(self, parallel=None, world_size=1, cpu_offload=False)
 
     def __str__(self) -> str:
         parts = []
@@ -181,6 +209,10 @@ class Config:
             parts.append(f"lora r{self.lora}")
         if self.offload is not None:
             parts.append(f"offload {self.offload}")
+        if self.inference_mode:
+            parts.append("inference mode")
         if self.parallel is not None:
             parts.append(f"{self.parallel} × {self.world_size}")  # noqa: RUF001  # a label
+        if self.cpu_offload:
+            parts.append("state on cpu")
         return " · ".join(parts) if parts else "baseline"

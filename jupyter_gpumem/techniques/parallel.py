@@ -8,7 +8,10 @@ Each rank applies the configuration's other techniques first, then its strategy:
   checkpointing finds), then on the root. An autocast precision becomes FSDP2's
   ``MixedPrecisionPolicy`` (parameters gathered in bf16 or fp16, gradients reduced in fp32)
   next to the autocast itself. The optimizer is built again, of the same class with the same
-  groups and settings, over the sharded parameters, found by name.
+  groups and settings, over the sharded parameters, found by name. With ``cpu_offload`` the
+  shards, their gradients and so the optimizer state live in host memory (FSDP2's
+  ``CPUOffloadPolicy``, pinned on a GPU) and the optimizer steps there: the device holds only
+  the blocks gathered at the time, their gradients and the activations. It works on one rank.
 
 A process group of ``world_size`` ranks must be up (``torch.distributed``); on fake tensors
 it is a fake one (:mod:`~jupyter_gpumem.tuner.estimation.fake_group`). There, DDP's check of parameter
@@ -148,15 +151,16 @@ class FakeReducer:
 
 
 # -- FSDP2 -----------------------------------------------------------------------------------
-def _fully_shard() -> tuple[Any, Any]:
+def _fully_shard() -> tuple[Any, Any, Any]:
     try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6
         from torch.distributed._composable.fsdp import (  # type: ignore[no-redef]
+            CPUOffloadPolicy,
             MixedPrecisionPolicy,
             fully_shard,
         )
-    return fully_shard, MixedPrecisionPolicy
+    return fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy
 
 
 def _fsdp2(
@@ -164,7 +168,7 @@ def _fsdp2(
 ) -> Parallel:
     from torch.distributed.device_mesh import init_device_mesh
 
-    fully_shard, policy_class = _fully_shard()
+    fully_shard, policy_class, offload_class = _fully_shard()
     device = _device(model)
     if fake:  # the mesh holds the ranks as a real tensor
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -175,8 +179,15 @@ def _fsdp2(
         mesh = init_device_mesh(device.type, (config.world_size,))
     gather = _GATHER_DTYPE.get(config.precision or "")
     policy = policy_class() if gather is None else policy_class(gather, torch.float32)
-    names = {id(p): name for name, p in model.named_parameters()}
+    placed: dict[str, Any] = {"mp_policy": policy}
     warnings: list[str] = []
+    if config.cpu_offload:  # pinned pages are host memory: a fake run has none to pin
+        placed["offload_policy"] = offload_class(pin_memory=device.type == "cuda" and not fake)
+        if device.type != "cuda":
+            warnings.append(
+                "cpu_offload: the model is on the CPU already, so nothing moves to host memory"
+            )
+    names = {id(p): name for name, p in model.named_parameters()}
     found = blocks(model)
     if not found:
         warnings.append(
@@ -185,8 +196,8 @@ def _fsdp2(
         )
     modules = dict(model.named_modules())
     for name in found:
-        fully_shard(modules[name], mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(modules[name], mesh=mesh, **placed)
+    fully_shard(model, mesh=mesh, **placed)
     return Parallel(model, _rebuilt(optimizer, names, model), warnings)
 
 

@@ -269,7 +269,7 @@ def _job(config: Config, results: list[dict[str, Any]], backend: str) -> TrialRe
         worst: TrialResult = replace(first, error=f"rank {first.rank}: {first.error}")
     else:
         worst = max(ranks, key=lambda r: r.peak_allocated_bytes or 0)
-    note = f"{config.world_size} ranks over {backend}"
+    note = f"{config.world_size} rank{'' if config.world_size == 1 else 's'} over {backend}"
     return replace(worst, rank=None, ranks=ranks, warnings=(note, *worst.warnings))
 
 
