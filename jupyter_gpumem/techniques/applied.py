@@ -76,6 +76,12 @@ class Applied:
             return contextlib.nullcontext()
         return self._precision.autocast()
 
+    def grad_mode(self) -> contextlib.AbstractContextManager[Any]:
+        """The context for an inference step's forward: ``torch.inference_mode()`` with
+        ``inference_mode``, else a no-op (autograd records as the user's code has it)."""
+        self._check_active("grad_mode")
+        return torch.inference_mode() if self.config.inference_mode else contextlib.nullcontext()
+
     def micro_batches(self, batch: Any) -> list[Any]:
         """The batch as the step's micro-batches: itself, or ``accumulate`` equal views of it."""
         self._check_active("micro_batches")

@@ -109,6 +109,12 @@ def _phase(
 def _timed_step(workload: Workload, applied: Applied) -> float:
     _sync(workload.device)
     t0 = time.perf_counter()
+    if workload.inference:  # the outputs live to the step's end, as a loss does
+        with applied.grad_mode(), applied.autocast():
+            outputs = workload.loss_fn(applied.model, workload.batch)
+        _sync(workload.device)
+        del outputs
+        return time.perf_counter() - t0
     for micro in applied.micro_batches(workload.batch):
         with applied.autocast():
             loss = workload.loss_fn(applied.model, micro)

@@ -24,7 +24,13 @@ from jupyter_gpumem.tuner.planning.plan import Plan, plan
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
 from jupyter_gpumem.tuner.steps import Timing
-from jupyter_gpumem.tuner.workload import LossFn, Workload, checked_workload, needs_weights
+from jupyter_gpumem.tuner.workload import (
+    LossFn,
+    Workload,
+    check_config,
+    checked_workload,
+    needs_weights,
+)
 from jupyter_gpumem.units import echoed_kind
 
 
@@ -40,6 +46,13 @@ class Trial:
 
     Each trial starts from the user's weights and buffers, with no gradients, empty optimizer
     state and the same random state; after the last, all of it is as it was, bit for bit.
+
+    ``inference=True`` makes an inference trial: each step is the forward alone,
+    ``loss_fn(model, batch)`` returning the outputs (no backward, no optimizer), and
+    ``Config(inference_mode=True)`` runs it under ``torch.inference_mode()``::
+
+        trial = Trial(model, batch, lambda m, b: m(b).logits, inference=True)
+        as_is, no_autograd = trial.compare([Config(inference_mode=True)])
 
     A model built on the meta device (``with torch.device("meta")``, transformers'
     ``from_config`` under it, accelerate's ``init_empty_weights``), with its optimizer and a
@@ -57,9 +70,17 @@ class Trial:
         warmup: int = 2,
         steps: int = 5,
         device: Any = None,
+        inference: bool = False,
     ) -> None:
         given = checked_workload(
-            model, batch, loss_fn, optimizer=optimizer, warmup=warmup, steps=steps, device=device
+            model,
+            batch,
+            loss_fn,
+            optimizer=optimizer,
+            warmup=warmup,
+            steps=steps,
+            device=device,
+            inference=inference,
         )
         self.model = given.model
         self.batch = given.batch
@@ -68,6 +89,7 @@ class Trial:
         self.warmup = given.warmup
         self.steps = given.steps
         self.device = given.device
+        self.inference = given.inference
         self._runner = Runner()
         self._estimates: dict[Config, tuple[int, Estimate]] = {}  # the last, by configuration
         self.last_search: BatchSearch | None = None  # max_batch_size's estimates
@@ -84,6 +106,7 @@ class Trial:
             self.device,
             self.warmup,
             self.steps,
+            self.inference,
         )
 
     def run(self, config: Config) -> TrialResult:
@@ -93,6 +116,7 @@ class Trial:
                 f"run takes a Config, e.g. Config(precision='bf16'); got {echoed_kind(config)}"
             )
         workload = self.workload
+        check_config(workload, config)
         needs_weights(workload, "run()")
         with self._runner.preserved(workload):
             return self._with_estimate(self._runner.fresh_run(workload, config))
@@ -106,6 +130,7 @@ class Trial:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps is a whole number of at least 1, got {steps!r}")
         workload = self.workload
+        check_config(workload, config)
         needs_weights(workload, "step_time()")
         with self._runner.preserved(workload):
             return self._runner.fresh_timing(workload, config, steps)
@@ -126,6 +151,8 @@ class Trial:
         baseline = Config()
         ordered = [baseline, *(c for c in dict.fromkeys(configs) if c != baseline)]
         workload = self.workload
+        for config in ordered:
+            check_config(workload, config)
         needs_weights(workload, "compare()")
         with self._runner.preserved(workload):
             return [self._with_estimate(self._runner.fresh_run(workload, c)) for c in ordered]
@@ -148,6 +175,7 @@ class Trial:
         ``plan.verify()`` measures it. For a model on the meta device: the fewest changes
         estimated to fit, step times unknown (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
         """
+        self._training_only("plan()")
         return plan(self, budget, techniques, allow=allow, parallel=parallel, world_size=world_size)
 
     def search(
@@ -163,6 +191,7 @@ class Trial:
         ``allow`` names "optimizer" or "pure-bf16"; with ``world_sizes`` beyond 1, DDP and
         FSDP2 on those ranks too (the budget per rank, the fewest GPUs first). See
         :mod:`jupyter_gpumem.tuner.planning.joint`; ``search.verify()`` measures the winner."""
+        self._training_only("search()")
         return search(self, budget, allow=allow, measure=measure, world_sizes=world_sizes)
 
     def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
@@ -177,6 +206,7 @@ class Trial:
         :mod:`jupyter_gpumem.tuner.estimation.predict`.
         """
         chosen = config_of(config)
+        check_config(self.workload, chosen)
         found = estimate_workload(self.workload, chosen, batch=batch, gpu=gpu)
         if (batch is None or batch is self.batch) and found.peak_bytes is not None and gpu is None:
             self._estimates[chosen] = (id(self.batch), found)
@@ -196,11 +226,18 @@ class Trial:
         estimates are in ``trial.last_search``. Raises EstimateUnavailable with the reason
         where a size cannot be estimated.
         """
-        search = max_batch_size(
-            self.workload, budget, make_batch, low=low, high=high, config=config_of(config)
-        )
+        chosen = config_of(config)
+        check_config(self.workload, chosen)
+        search = max_batch_size(self.workload, budget, make_batch, low=low, high=high, config=chosen)
         self.last_search = search
         return search.batch_size
+
+    def _training_only(self, what: str) -> None:
+        if self.inference:
+            raise ValueError(
+                f"{what} plans training steps; for an inference trial, compare() or estimate() "
+                "configurations of precision, checkpoint, offload and inference_mode"
+            )
 
     def _with_estimate(self, result: TrialResult) -> TrialResult:
         """The result with the estimate made for its configuration and the trial's batch."""

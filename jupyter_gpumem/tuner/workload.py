@@ -1,4 +1,10 @@
-"""What a trial runs: the model, its optimizer, a batch, the loss, the device and the step counts."""
+"""What a trial runs: the model, its optimizer, a batch, the loss, the device and the step counts.
+
+A training trial's step is ``loss_fn(model, batch)``, its backward and the optimizer step. An
+inference trial's step is the forward alone: ``loss_fn(model, batch)`` returns the outputs,
+held to the step's end, with no backward and no optimizer; ``Config(inference_mode=True)``
+runs it under ``torch.inference_mode()``.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +28,30 @@ class Workload:
     device: Any  # a torch.device with its index
     warmup: int
     steps: int
+    inference: bool = False  # forward passes only
+
+
+INFERENCE_TAKES = "precision, checkpoint, every, offload and inference_mode"
+TRAINING_ONLY = ("optimizer", "accumulate", "lora", "parallel", "cpu_offload")
+
+
+def check_config(workload: Workload, config: Any) -> None:
+    """ValueError where ``config`` asks for what the workload's step does not do."""
+    if not workload.inference:
+        if config.inference_mode:
+            raise ValueError(
+                "inference_mode=True is for inference trials, Trial(..., inference=True): a "
+                "training step needs autograd"
+            )
+        return
+    default = type(config)()
+    changed = [name for name in TRAINING_ONLY if getattr(config, name) != getattr(default, name)]
+    if changed:
+        raise ValueError(
+            f"an inference trial runs forward passes only, and {', '.join(changed)} "
+            f"{'changes' if len(changed) == 1 else 'change'} training steps; it takes "
+            f"{INFERENCE_TAKES}"
+        )
 
 
 def checked_workload(
@@ -33,6 +63,7 @@ def checked_workload(
     warmup: int,
     steps: int,
     device: Any,
+    inference: bool = False,
 ) -> Workload:
     """A Workload of the user's objects, refused with a clear message where one cannot serve."""
     import torch
@@ -45,12 +76,19 @@ def checked_workload(
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}"
         )
+    if not isinstance(inference, bool):
+        raise TypeError(f"inference is True or False, got {repr(inference)[:40]}")
+    if inference and optimizer is not None:
+        raise ValueError(
+            "an inference trial runs forward passes only, with no optimizer: pass optimizer=None"
+        )
     if optimizer is not None:
         _check_optimizer_holds(model, optimizer)
     for name, value, least in (("warmup", warmup, 0), ("steps", steps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be a whole number of steps >= {least}, got {value!r}")
-    return Workload(model, batch, loss_fn, optimizer, _device(torch, model, device), warmup, steps)
+    where = _device(torch, model, device)
+    return Workload(model, batch, loss_fn, optimizer, where, warmup, steps, inference)
 
 
 def _check_optimizer_holds(model: Any, optimizer: Any) -> None:

@@ -123,8 +123,10 @@ def run_fake(
     make_batch: Callable[[], Any] | None = None,
     warmup: int = 1,
     steps: int = 1,
+    inference: bool = False,
 ) -> FakeRun:
-    """Apply ``config`` and run ``warmup`` then ``steps`` training steps on fake tensors.
+    """Apply ``config`` and run ``warmup`` then ``steps`` training steps on fake tensors
+    (forward passes alone for an ``inference`` workload).
 
     The batch is ``batch`` (real tensors, taken to be alive already) or what ``make_batch()``
     returns when called under the fake mode (allocated at the start of the run).
@@ -181,7 +183,8 @@ def run_fake(
                     foreach_on(torch, applied.optimizer, device)
                 elif applied.optimizer is not None:
                     foreach_as_real(torch, applied.optimizer, real_of)
-                window = _steps(torch, applied, loss_fn, run_batch, log, warmup, steps)
+                step = _forward if inference else _step
+                window = _steps(torch, applied, step, loss_fn, run_batch, log, warmup, steps)
                 log.recording = False
         except Unfakeable:
             raise
@@ -218,9 +221,16 @@ def run_of(
 
 
 def _steps(
-    torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog, warmup: int, steps: int
+    torch: Any,
+    applied: Any,
+    step: Callable[..., None],
+    loss_fn: Any,
+    batch: Any,
+    log: StorageLog,
+    warmup: int,
+    steps: int,
 ) -> tuple[int, int, tuple[int, ...], frozenset[int]]:
-    """The trial's step, ``warmup + steps`` times; what the log held when the measured ones began."""
+    """``step``, ``warmup + steps`` times; what the log held when the measured ones began."""
     window: tuple[int, int, tuple[int, ...], frozenset[int]] = (0, 0, (), frozenset())
     for i in range(warmup + steps):
         if i == warmup:
@@ -240,15 +250,15 @@ def _steps(
             reachable = frozenset(live[k] for k in keys if k in live)
             window = (len(log.events), log.clock, tuple(sorted(live.values())), reachable)
         log.step = i
-        _step(torch, applied, loss_fn, batch, log)
+        step(torch, applied, loss_fn, batch, log)
     return window
 
 
 STEADY_MICRO_BATCHES = 2  # micro-batches a fake step runs: the later ones repeat the second
 
 
-def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
-    """:meth:`Trial._timed_step` with tags and phase marks: the loss lives through the step."""
+def _saved_tagged(torch: Any, log: StorageLog) -> Any:
+    """Hooks that tag what autograd saves for backward as activations."""
 
     def pack(t: Any) -> Any:
         log.tag(t, "activations")
@@ -260,11 +270,25 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
             log.tag(t, "activations")
         return t
 
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def _forward(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
+    """An inference trial's step (:func:`steps._timed_step`): the outputs live through it."""
+    log.mark("forward")
+    with _saved_tagged(torch, log), applied.grad_mode(), applied.autocast():
+        outputs = loss_fn(applied.model, batch)
+    log.mark("other")
+    del outputs
+
+
+def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
+    """:func:`steps._timed_step` with tags and phase marks: the loss lives through the step."""
     # From the second micro-batch on, each one holds what the one before held (the gradients
     # exist, the last loss lives until the next is made): two stand for any number of them.
     for micro in applied.micro_batches(batch)[:STEADY_MICRO_BATCHES]:
         log.mark("forward")
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), applied.autocast():
+        with _saved_tagged(torch, log), applied.autocast():
             loss = loss_fn(applied.model, micro)
         log.mark("backward")
         applied.backward(loss)

@@ -57,6 +57,8 @@ _SETTINGS = (
     "accumulate",
     "lora",
     "offload",
+    "cpu_offload",
+    "inference_mode",
 )
 
 
@@ -123,6 +125,7 @@ def estimate_workload(
             make_batch=make_batch,
             warmup=warmup,
             steps=1 if warmup else min(workload.steps, 2),
+            inference=workload.inference,
         )
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)
