@@ -136,6 +136,8 @@ def one(
                 estimated=found.estimate.peak_bytes if found.estimate else None,
                 predicted_step_s=found.predicted_step_s,
                 measured_peak=r.peak_allocated_bytes, measured_step_s=r.step_s,
+                estimated_reserved=found.estimate.peak_reserved_bytes if found.estimate else None,
+                measured_reserved=r.peak_reserved_bytes,
                 fits_measured=r.status == "ok" and (r.peak_allocated_bytes or 0) <= budget,
                 optimizer_kept=found.config.optimizer in (None, "adamw-fused", "adamw-8bit"),
             )  # fmt: skip

@@ -1,8 +1,10 @@
 """Each technique alone on GPT-2 medium: estimated beside measured, and its change against the baseline.
 
     python bench/technique_table.py bench/results/techniques_gpt2_medium_h100.json [--only NAME ...]
+    python bench/technique_table.py OUT.json --inference
 
-GPT-2 medium (355M, batch 8 x 1024, fp32 AdamW, random weights) on the GPU present. For each
+GPT-2 medium (355M, batch 8 x 1024, fp32 AdamW, random weights) on the GPU present; with
+``--inference``, an inference trial of its forward (the logits) instead. For each
 configuration: the estimate's peak (fake tensors, no GPU memory), the peak and reserved bytes
 ``Trial.run`` measures, the error, the step time, and the peak and step-time change against the
 measured baseline. A configuration whose estimate gives a reason instead of a figure keeps the
@@ -31,10 +33,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "lora r16": {"lora": 16},
     "adamw-8bit": {"optimizer": "adamw-8bit"},
     "adamw-paged-8bit": {"optimizer": "adamw-paged-8bit"},
+    "fsdp2 x 1": {"parallel": "fsdp2", "world_size": 1},
+    "state on cpu (fsdp2 x 1)": {"parallel": "fsdp2", "world_size": 1, "cpu_offload": True},
+}
+INFERENCE: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "inference mode": {"inference_mode": True},
+    "inference mode, bf16-autocast": {"inference_mode": True, "precision": "bf16-autocast"},
 }
 
 
-def build() -> Any:
+def build(inference: bool) -> Any:
     import torch
     import transformers
 
@@ -48,6 +57,8 @@ def build() -> Any:
     def lm_loss(m: Any, b: Any) -> Any:
         return m(input_ids=b, labels=b).loss
 
+    if inference:
+        return Trial(model, batch, lambda m, b: m(input_ids=b).logits, inference=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return Trial(model, batch, lm_loss, optimizer=opt, warmup=2, steps=5)
 
@@ -82,19 +93,23 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
-    parser.add_argument("--only", choices=tuple(CONFIGS), action="append")
+    parser.add_argument("--only", choices=(*CONFIGS, *INFERENCE), action="append")
+    parser.add_argument("--inference", action="store_true", help="an inference trial")
     args = parser.parse_args()
-    trial = build()
-    names = ["baseline", *(n for n in args.only or CONFIGS if n != "baseline")]
+    trial = build(args.inference)
+    configs = INFERENCE if args.inference else CONFIGS
+    names = ["baseline", *(n for n in args.only or configs if n != "baseline")]
     rows: list[dict[str, Any]] = []
     found = {
         "machine": platform.node(), "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "workload": "GPT-2 medium, batch 8 x 1024, fp32 AdamW",
+        "torch": torch.__version__,
+        "workload": "GPT-2 medium, batch 8 x 1024, "
+        + ("forward passes (inference trial)" if args.inference else "fp32 AdamW"),
         "rows": rows,
     }  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for name in names:
-        rows.append(row(trial, name, CONFIGS[name]))
+        rows.append(row(trial, name, configs[name]))
         base = rows[0]
         if base["measured_bytes"] and rows[-1]["measured_bytes"]:
             rows[-1]["peak_change_pct"] = 100 * (

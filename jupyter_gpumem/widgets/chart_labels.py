@@ -63,8 +63,12 @@ def chart_label(config: Config, blocks: Sequence[str] = (), prefix: str = "") ->
     parts += [p for p in (config.precision, config.optimizer) if p is not None]
     if config.offload is not None:
         parts.append(f"offload {config.offload}")
+    if config.inference_mode:
+        parts.append("inference mode")
     if config.parallel is not None:
         parts.append(f"{config.parallel} × {config.world_size}")  # noqa: RUF001  # as Config
+    if config.cpu_offload:
+        parts.append("state on cpu")
     return cut(prefix + (" · ".join(parts) or "baseline"))
 
 

@@ -54,13 +54,18 @@ def choice_label(config: Config) -> str:
     """The GPUs and strategy of ``config``: "1 GPU", else the strategy and ranks as `Config` says."""
     if config.parallel is None:
         return "1 GPU"
-    return str(Config(parallel=config.parallel, world_size=config.world_size))
+    return str(
+        Config(
+            parallel=config.parallel, world_size=config.world_size, cpu_offload=config.cpu_offload
+        )
+    )
 
 
 def gpu_choices(
     base: Config, counts: Sequence[int] = GPU_COUNTS, strategies: Sequence[str] = PARALLELS
 ) -> list[Config]:
     """``base`` on each count of GPUs with each strategy; 1 GPU once, without a strategy.
+    With ``base.cpu_offload``, FSDP2 alone, on one rank too (its policy is FSDP2's).
 
     ValueError says what counts and strategies are allowed.
     """
@@ -78,7 +83,9 @@ def gpu_choices(
     single = base.single
     out: list[Config] = []
     for n in dict.fromkeys(sorted(counts)):
-        if n == 1:
+        if base.cpu_offload:
+            out.append(replace(single, parallel="fsdp2", world_size=n, cpu_offload=True))
+        elif n == 1:
             out.append(single)
         else:
             out.extend(replace(single, parallel=s, world_size=n) for s in dict.fromkeys(strategies))

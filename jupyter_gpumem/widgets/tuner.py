@@ -164,16 +164,19 @@ class Tuner(widgets.VBox):
                 "checkpoint all blocks, the modules picked in the list, or a regex: choose one"
             )
         spec = "blocks" if self.panel.all_blocks.value else regex or picked or None
-        gpus = self.panel.gpus.value
+        gpus, on_cpu = self.panel.gpus.value, self.panel.cpu_offload.value
         return Config(
             checkpoint=spec,
             every=self.panel.every.value,
             precision=self.panel.precision.value or None,  # AS_IS is Config's None
             optimizer=self.panel.optimizer.value or None,
-            parallel=self.panel.strategy.value if gpus > 1 else None,
+            # the state on the CPU is FSDP2's policy: one rank on one GPU
+            parallel=self.panel.strategy.value if gpus > 1 or on_cpu else None,
             world_size=gpus,
             accumulate=self._accumulate,
             offload=self.panel.offload.value or None,
+            cpu_offload=on_cpu,
+            inference_mode=self.panel.inference_mode.value,
         )
 
     def set(self, config: Config) -> None:
@@ -194,6 +197,8 @@ class Tuner(widgets.VBox):
             self.panel.precision.value = config.precision or AS_IS
             self.panel.optimizer.value = config.optimizer or AS_IS
             self.panel.offload.value = config.offload or AS_IS
+            self.panel.inference_mode.value = config.inference_mode
+            self.panel.cpu_offload.value = config.cpu_offload
             self.panel.set_gpus(config.world_size)
             if config.parallel is not None:
                 self.panel.strategy.value = config.parallel
@@ -384,6 +389,11 @@ class Tuner(widgets.VBox):
             self.set_budget(budget)
         if self.budget_bytes is None:
             raise ValueError("set a budget first, e.g. tuner.fit('12GiB')")
+        if self.trial is not None and self.trial.inference:
+            raise ValueError(
+                "Fit to budget plans training steps, and the trial is an inference trial: "
+                "tick inference mode, or compare precisions and checkpointing with Re-run"
+            )
         if techniques is None:
             techniques = [n for n, box in self.panel.fit_techniques.items() if box.value]
         self.panel.hide_search()  # the panel shows one answer: this fit's
@@ -421,6 +431,8 @@ class Tuner(widgets.VBox):
         """
         if self.trial is None:
             raise RuntimeError(SEARCH_NEEDS["trial"])
+        if self.trial.inference:
+            raise ValueError(SEARCH_NEEDS["training"])
         if budget is not None:
             self.set_budget(budget)
         if self.budget_bytes is None:
@@ -629,6 +641,7 @@ class Tuner(widgets.VBox):
             optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
             on_cpu=self.on_cpu,
             trial=self.trial is not None,
+            inference=self.trial is not None and self.trial.inference,
         )
         actions: dict[str, Callable[[], object]] = {
             "Apply": self.apply, "Revert": self.revert, "Re-run": self.rerun, "Fit to budget": self.fit,
@@ -645,6 +658,8 @@ class Tuner(widgets.VBox):
             panel.precision,
             panel.optimizer,
             panel.offload,
+            panel.inference_mode,
+            panel.cpu_offload,
             panel.gpus,
             panel.strategy,
         ):

@@ -50,6 +50,7 @@ NO_BREAKDOWN = "No measurement has a breakdown to chart yet (see the notes in th
 SEARCH_BUTTON = "Search"
 SEARCH_NEEDS = {
     "trial": "Search needs a trial: tune(model, 'opt', trial=Trial(model, batch, loss_fn))",
+    "training": "Search plans training steps, and the trial is an inference trial",
     "budget": "Search needs a budget: type one, e.g. 12GiB",
 }
 
@@ -85,9 +86,11 @@ class Panel:
         optimizer_now: str | None = None,
         on_cpu: bool = False,
         trial: bool = False,
+        inference: bool = False,
     ) -> None:
         self.blocks = tuple(blocks)
         self._trial = trial
+        self._inference = inference
         self._modules = {m.name: m for m in modules}
         self.modules = widgets.SelectMultiple(
             options=self._options(single=False),
@@ -132,6 +135,7 @@ class Panel:
             options=[(now, AS_IS), *((o, o) for o in OPTIMIZERS)],
             value=AS_IS,
             description="optimizer",
+            disabled=inference,  # an inference step has none
         )
         # Where what the forward saves waits in host memory (off: on the device, as is).
         self.offload = widgets.Dropdown(
@@ -140,11 +144,31 @@ class Panel:
             description="offload",
             layout=widgets.Layout(width="220px"),
         )
+        # Parameters, gradients and optimizer state in host memory, the optimizer stepping
+        # there: FSDP2's CPUOffloadPolicy, on one rank per GPU (one GPU too).
+        self.cpu_offload = widgets.Checkbox(
+            description="state on CPU (FSDP2)",
+            indent=False,
+            disabled=inference,
+            tooltip="parameters, gradients and optimizer state in host memory; the optimizer "
+            "steps there (FSDP2's CPUOffloadPolicy, measured on its ranks)",
+            layout=widgets.Layout(width="auto", margin="2px 0 2px 16px"),
+        )
+        self.cpu_offload.observe(self._on_cpu_offload, names="value")
+        # An inference trial's forward under torch.inference_mode (shown for one alone).
+        self.inference_mode = widgets.Checkbox(
+            description="inference mode",
+            indent=False,
+            layout=widgets.Layout(
+                width="auto", margin="2px 0 2px 16px", display=None if inference else "none"
+            ),
+        )
         # How many GPUs, and how the model is spread over them (ignored on one GPU).
         self.gpus = widgets.Dropdown(
             options=gpu_options(GPU_COUNTS),
             value=1,
             description="GPUs",
+            disabled=inference,  # ranks run training steps
             style={"description_width": "initial"},
             layout=widgets.Layout(width="150px", margin="2px 0 2px 24px"),
         )
@@ -213,7 +237,17 @@ class Panel:
             widgets.HTML(title_html),
             checkpoint,
             self.more,
-            widgets.HBox([self.precision, self.optimizer, self.offload, self.gpus, self.strategy]),
+            widgets.HBox(
+                [
+                    self.precision,
+                    self.optimizer,
+                    self.offload,
+                    self.inference_mode,
+                    self.cpu_offload,
+                    self.gpus,
+                    self.strategy,
+                ]
+            ),
             self.configuration,
             widgets.HBox(list(self.buttons.values())),
             widgets.HBox(
@@ -272,12 +306,24 @@ class Panel:
         self.gpus.value = count
 
     def _on_gpus(self, change: dict[str, Any]) -> None:
-        self.strategy.disabled = change["new"] == 1
+        self.strategy.disabled = change["new"] == 1 or self.cpu_offload.value
+
+    def _on_cpu_offload(self, change: dict[str, Any]) -> None:
+        """The policy is FSDP2's: the strategy is FSDP2 while it is ticked."""
+        if change["new"]:
+            self.strategy.value = "fsdp2"
+        self.strategy.disabled = change["new"] or self.gpus.value == 1
 
     def enable_search(self, *, budget: bool) -> None:
         """Search is pressable with a trial and a budget; its tooltip says what it lacks."""
         missing = [
-            SEARCH_NEEDS[k] for k, has in (("trial", self._trial), ("budget", budget)) if not has
+            SEARCH_NEEDS[k]
+            for k, has in (
+                ("trial", self._trial),
+                ("training", not self._inference),
+                ("budget", budget),
+            )
+            if not has
         ]
         button = self.buttons[SEARCH_BUTTON]
         button.disabled = bool(missing)

@@ -457,6 +457,60 @@ def test_the_offload_dropdown_edits_the_config(shell: InteractiveShell, ns: dict
     assert offload.label == "off"
 
 
+def test_state_on_cpu_makes_fsdp2_on_the_gpus_chosen_and_reruns_on_its_rank(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = _trial_tuner(shell, ns)
+    panel = tuner.panel
+    assert not panel.cpu_offload.value and tuner.config == Config()
+    panel.strategy.value = "ddp"
+    panel.cpu_offload.value = True
+    one_rank = Config(parallel="fsdp2", world_size=1, cpu_offload=True)
+    assert tuner.config == one_rank and panel.strategy.value == "fsdp2"
+    assert panel.strategy.disabled  # the policy is FSDP2's
+    assert "fsdp2 \N{MULTIPLICATION SIGN} 1 · state on cpu" in panel.configuration.value
+    panel.gpus.value = 2
+    assert tuner.config == Config(parallel="fsdp2", world_size=2, cpu_offload=True)
+    assert panel.strategy.disabled
+    tuner.set(one_rank)
+    result = tuner.rerun()
+    assert result.config == one_rank and result.status == "ok", result.error
+    assert [r.rank for r in result.ranks] == [0]
+    assert [r.config for r in tuner.results] == [Config(), one_rank]
+    tuner.panel.buttons["Apply"].click()  # the state stays where the kernel's model has it
+    assert tuner.applied.config == Config()
+    assert "Apply left out fsdp2 \N{MULTIPLICATION SIGN} 1 · state on cpu" in panel.messages.value
+    tuner.set(Config())
+    assert not panel.cpu_offload.value and panel.strategy.disabled
+
+
+def test_an_inference_trial_offers_inference_mode_and_no_training_controls(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    plain = tune(ns["model"], "opt", shell=shell)
+    assert plain.panel.inference_mode.layout.display == "none"
+    trial = Trial(ns["model"], ns["x"], lambda m, b: m(b), inference=True, warmup=1, steps=2)
+    tuner = tune(ns["model"], "opt", trial=trial, shell=shell, budget="1MiB")
+    panel = tuner.panel
+    assert panel.inference_mode.layout.display is None
+    assert panel.optimizer.disabled and panel.gpus.disabled and panel.cpu_offload.disabled
+    search = panel.buttons["Search"]
+    assert search.disabled and "inference trial" in search.tooltip
+    panel.inference_mode.value = True
+    assert tuner.config == Config(inference_mode=True)
+    assert "inference mode" in panel.configuration.value
+    tuner.rerun()
+    by = {r.config: r for r in tuner.results}
+    assert set(by) == {Config(), Config(inference_mode=True)}
+    assert all(r.status == "ok" for r in tuner.results), [r.error for r in tuner.results]
+    assert by[Config(inference_mode=True)].breakdown["activations"] == 0
+    assert by[Config()].breakdown["activations"] > 0
+    panel.buttons["Fit to budget"].click()
+    assert "Fit to budget plans training steps" in panel.messages.value
+    tuner.set(Config())
+    assert not panel.inference_mode.value
+
+
 # -- GPUs and strategy: "Will it fit on N GPUs?" ---------------------------------------------
 
 X = "\N{MULTIPLICATION SIGN}"  # as Config labels its ranks
