@@ -104,7 +104,12 @@ def unpack(payload: Payload, device: Any) -> Any:
                 return untyped
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
-    return _Unpickler(io.BytesIO(payload.pickled)).load()
+    try:
+        return _Unpickler(io.BytesIO(payload.pickled)).load()
+    finally:
+        # a class made here is in a reference cycle with this frame's closure: left to the
+        # collector, ``made`` would hold every storage, the ones a strategy replaces included
+        made.clear()
 
 
 def _bytes(torch: Any, storage: Any) -> Any:

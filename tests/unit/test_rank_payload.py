@@ -54,3 +54,21 @@ def test_what_cannot_be_pickled_is_named() -> None:
     lock = threading.Lock()
     with pytest.raises((TypeError, pickle.PicklingError), match="lock"):
         pack(lambda: lock)
+
+
+def test_a_storage_lives_only_as_long_as_what_holds_it() -> None:
+    """A rank frees the parameters its strategy replaces (FSDP2): nothing of the unpacking may
+    keep their storages, not even until the next collection."""
+    import gc
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    payload = pack(model)
+    gc.disable()
+    try:
+        copy = unpack(payload, torch.device("cpu"))
+        held = [p.untyped_storage()._weak_ref() for p in copy[0].parameters()]
+        copy[0].weight = nn.Parameter(torch.zeros(1))  # replaced, as fully_shard replaces it
+        copy[0].bias = None
+        assert all(torch.UntypedStorage._expired(ref) for ref in held)
+    finally:
+        gc.enable()

@@ -262,7 +262,10 @@ def _saved_tagged(torch: Any, log: StorageLog) -> Any:
 
     def pack(t: Any) -> Any:
         log.tag(t, "activations")
-        return t, weakref.ref(t)
+        # detached, as the recorder's tagger keeps it: a saved output kept itself would tie
+        # it to its own grad_fn in a cycle that outlives a forward with no backward
+        saved = t.detach()
+        return saved, weakref.ref(saved)
 
     def unpack(packed: Any) -> Any:
         t, saved = packed
