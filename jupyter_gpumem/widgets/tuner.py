@@ -1,6 +1,7 @@
 """`jupyter_gpumem.tune(model, "opt")`: try memory-saving techniques on a model and measure them.
 
-The panel edits one `Config` (checkpointed modules, precision, optimizer, offloading). Apply puts it on the
+The panel edits one `Config` (checkpointed modules, precision, optimizer, offloading; the state
+on the CPU, which is FSDP2's, and for an inference trial inference mode). Apply puts it on the
 model and rebinds the user's optimizer variable; Revert restores the model and the original
 optimizer object. Re-run measures the configuration and appends a row: with a `Trial`, the trial
 runs it (after a baseline, once); without one, the tuner re-executes the kernel's last `%%gpumem`
