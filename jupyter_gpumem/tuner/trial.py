@@ -228,7 +228,9 @@ class Trial:
         """
         chosen = config_of(config)
         check_config(self.workload, chosen)
-        search = max_batch_size(self.workload, budget, make_batch, low=low, high=high, config=chosen)
+        search = max_batch_size(
+            self.workload, budget, make_batch, low=low, high=high, config=chosen
+        )
         self.last_search = search
         return search.batch_size
 

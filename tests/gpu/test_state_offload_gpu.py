@@ -122,7 +122,10 @@ def test_inference_mode_keeps_no_activations_as_estimated(
     inference: Any, table: dict[str, Any]
 ) -> None:
     _, as_is = _row(inference, table)
-    for config in ({"inference_mode": True}, {"inference_mode": True, "precision": "bf16-autocast"}):
+    for config in (
+        {"inference_mode": True},
+        {"inference_mode": True, "precision": "bf16-autocast"},
+    ):
         est, result = _row(inference, table, **config)
         assert result.breakdown["activations"] == 0
         assert result.peak_allocated_bytes < as_is.peak_allocated_bytes

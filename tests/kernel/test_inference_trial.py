@@ -41,7 +41,9 @@ def _trial(**kwargs: Any) -> Trial:
 def _state(model: nn.Module) -> dict[str, Any]:
     """What an inference trial could touch: weights, their grads, flags and random state."""
     return {
-        "params": [(id(p), p.dtype, p.detach().clone(), p.requires_grad) for p in model.parameters()],
+        "params": [
+            (id(p), p.dtype, p.detach().clone(), p.requires_grad) for p in model.parameters()
+        ],
         "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
         "buffers": [(id(b), b.clone()) for b in model.buffers()],
         "training": [m.training for m in model.modules()],
@@ -81,8 +83,9 @@ def test_each_estimate_equals_the_measured_forward_peak() -> None:
     saved = by[Config(inference_mode=True)]
     assert saved.breakdown["activations"] == 0
     assert saved.peak_allocated_bytes < by[Config()].peak_allocated_bytes
-    assert by[Config(checkpoint="blocks")].breakdown["activations"] < (
-        by[Config()].breakdown["activations"]
+    assert (
+        by[Config(checkpoint="blocks")].breakdown["activations"]
+        < (by[Config()].breakdown["activations"])
     )
 
 
@@ -142,7 +145,9 @@ def test_a_training_trial_refuses_inference_mode() -> None:
     model = TinyGPT()
     trial = Trial(model, _gpt_batch(2), lambda m, b: _logits(m, b).sum(),
                   optimizer=torch.optim.SGD(model.parameters()))  # fmt: skip
-    with pytest.raises(ValueError, match=r"is for inference trials, Trial\(\.\.\., inference=True\)"):
+    with pytest.raises(
+        ValueError, match=r"is for inference trials, Trial\(\.\.\., inference=True\)"
+    ):
         trial.run(Config(inference_mode=True))
     with pytest.raises(ValueError, match="is for inference trials"):
         trial.estimate(inference_mode=True)

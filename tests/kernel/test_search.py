@@ -49,18 +49,20 @@ def test_tf32_reuses_the_fp32_estimate_and_fp16_autocast_is_never_tried(
 ) -> None:
     from jupyter_gpumem.tuner.planning import joint
 
-    estimated: list[Config] = []
+    estimated: list[tuple[Config, bool]] = []
     real = joint.estimate_workload
 
-    def counted(workload: object, config: Config) -> object:
-        estimated.append(config)
-        return real(workload, config)  # type: ignore[arg-type]
+    def counted(workload: object, config: Config, primed: bool = False) -> object:
+        estimated.append((config, primed))
+        return real(workload, config, primed=primed)  # type: ignore[arg-type]
 
     monkeypatch.setattr(joint, "estimate_workload", counted)
     trial, budget = meta_gpt()
     found = trial.search(budget)
-    assert not any(c.precision in ("tf32", "fp16-autocast") for c in estimated)
-    assert len(set(estimated)) == len(estimated)  # no configuration estimated twice
+    assert not any(c.precision in ("tf32", "fp16-autocast") for c, _ in estimated)
+    # no configuration estimated twice the same way: an anchor primed, a candidate whole
+    assert len(set(estimated)) == len(estimated)
+    assert found.config is not None and (found.config, False) in estimated
     assert joint.UNSEARCHED_FP16 in found.reasoning
     tf32 = trial.estimate(config=Config(precision="tf32"))
     fp32 = trial.estimate(config=Config())
@@ -72,13 +74,13 @@ def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_
 ) -> None:
     from jupyter_gpumem.tuner.planning import joint
 
-    estimated: list[Config] = []
+    estimated: list[tuple[Config, bool]] = []  # each with whether it was an anchor's
     timed: list[Config] = []
     real_estimate, real_time = joint.estimate_workload, Trial.step_time
 
-    def counted(workload: object, config: Config) -> object:
-        estimated.append(config)
-        return real_estimate(workload, config)  # type: ignore[arg-type]
+    def counted(workload: object, config: Config, primed: bool = False) -> object:
+        estimated.append((config, primed))
+        return real_estimate(workload, config, primed=primed)  # type: ignore[arg-type]
 
     def counted_time(self: Trial, config: Config, steps: int = 2) -> object:
         timed.append(config)
@@ -105,11 +107,11 @@ def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_
     assert tighter.anchors == first.anchors
     trial.batch = _gpt_batch(16)  # another batch shape: new anchors
     trial.search(int(0.5 * base.peak_bytes))
-    assert Config() in estimated[made:] and len(timed) > ran
+    assert (Config(), True) in estimated[made:] and len(timed) > ran
     made, ran = len(estimated), len(timed)
     trial.model.blocks.append(nn.TransformerEncoderLayer(32, 4, 128, batch_first=True))
     trial.search(int(0.5 * base.peak_bytes))  # a block added: new anchors again
-    assert Config() in estimated[made:] and len(timed) > ran
+    assert (Config(), True) in estimated[made:] and len(timed) > ran
 
 
 def meta_gpt() -> tuple[Trial, int]:
@@ -175,3 +177,29 @@ def test_lora_is_taken_only_when_allowed_and_its_winner_measures_within() -> Non
     measured = found.verify()
     assert measured.status == "ok", measured.error
     assert measured.peak_allocated_bytes is not None and measured.peak_allocated_bytes <= budget
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(),
+        Config(checkpoint="blocks", precision="bf16-autocast"),
+        Config(precision="bf16"),
+        Config(accumulate=4),
+        Config(optimizer="adamw-8bit"),
+        Config(lora=4),
+        Config(optimizer="sgd-momentum", offload="model"),
+    ],
+    ids=str,
+)
+def test_an_anchor_warmed_by_its_optimizer_step_alone_has_the_whole_estimates_peak(
+    config: Config,
+) -> None:
+    from jupyter_gpumem.tuner.estimation.predict import estimate_workload
+
+    trial = _trained(_gpt())
+    whole = trial.estimate(config=config)
+    primed = estimate_workload(trial.workload, config, primed=True)
+    assert whole.peak_bytes is not None, whole.reason
+    assert (primed.peak_bytes, primed.breakdown) == (whole.peak_bytes, whole.breakdown)
+    assert whole.breakdown is not None and whole.breakdown["optimizer_state"] > 0

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from jupyter_gpumem.tuner.planning.composed import Anchor, Anchors, Choice, compose, front, ranked
+from jupyter_gpumem.tuner.planning.composed import (
+    Anchor,
+    Anchors,
+    Choice,
+    compose,
+    dominated,
+    front,
+    ranked,
+)
 
 MiB = 2**20
 
@@ -97,3 +105,16 @@ def test_offloading_keeps_its_share_of_the_dynamic_part_and_costs_its_step_time(
     untimed_all = dataclasses.replace(_anchors(timed=False), offload={"model": moved})
     points = compose(untimed_all, [alone, checkpointed])
     assert [p.choice for p in ranked(points, 100 * MiB)] == [checkpointed, alone]
+
+
+def test_a_precision_beaten_alone_on_bytes_and_time_is_named_with_its_better() -> None:
+    fp32 = Anchor(100 * MiB, 40 * MiB, 20 * MiB, 1.0)
+    tf32 = dataclasses.replace(fp32, step_s=0.8)  # the same bytes, faster
+    bf16 = Anchor(80 * MiB, 40 * MiB, 20 * MiB, 0.5)  # fewer activations, faster still
+    slow_small = Anchor(60 * MiB, 20 * MiB, 20 * MiB, 2.0)  # smallest, slowest: beaten by none
+    found = dominated({None: fp32, "tf32": tf32, "bf16-autocast": bf16, "bf16": slow_small})
+    assert found == {None: "tf32", "tf32": "bf16-autocast"}
+    # alike on every count: neither beats the other
+    assert dominated({None: fp32, "tf32": dataclasses.replace(fp32)}) == {}
+    # untimed (a model on the meta device): nothing is left out
+    assert dominated({None: dataclasses.replace(fp32, step_s=None), "bf16-autocast": bf16}) == {}

@@ -89,10 +89,13 @@ def estimate_workload(
     make_batch: Callable[[], Any] | None = None,
     batch_size: int | None = None,
     gpu: str | None = None,
+    primed: bool = False,
 ) -> Estimate:
     """The estimate of ``workload`` under ``config``, with its batch unless one is given.
 
     ``gpu`` names the card to judge it on (see :mod:`.cards`); by default the GPU present.
+    ``primed`` warms up as :func:`.fake_step.run_fake` says (a search's anchors: the same
+    allocated peak at about half the cost; one process only).
     """
     import torch
 
@@ -126,6 +129,7 @@ def estimate_workload(
             warmup=warmup,
             steps=1 if warmup else min(workload.steps, 2),
             inference=workload.inference,
+            primed=primed,
         )
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)

@@ -26,6 +26,7 @@ class Kept:
     timed: bool
     step_s: float | None = None
     error: str | None = None
+    primed: bool = False  # an anchor's estimate (see fake_step.run_fake), not a candidate's own
 
 
 @dataclass

@@ -210,3 +210,24 @@ def ranked(points: Sequence[Point], limit: int) -> list[Point]:
             p.peak_bytes,
         ),
     )
+
+
+def dominated(alone: Mapping[str | None, Anchor]) -> dict[str | None, str | None]:
+    """The precisions another beats alone, where step times were measured: no more static or
+    dynamic bytes, no slower, and better on one of the three. Each is mapped to the one that
+    beats it. The search combines them with nothing else, the winner being smaller and faster
+    alone (a heuristic: checkpointing and micro-batches are taken to scale both alike)."""
+    out: dict[str | None, str | None] = {}
+    for p, mine in alone.items():
+        for q, theirs in alone.items():
+            if q == p or mine.step_s is None or theirs.step_s is None:
+                continue
+            counts = (
+                (theirs.static_bytes, mine.static_bytes),
+                (theirs.dynamic_bytes, mine.dynamic_bytes),
+                (theirs.step_s, mine.step_s),
+            )
+            if all(a <= b for a, b in counts) and any(a < b for a, b in counts):
+                out[p] = q
+                break
+    return out

@@ -5,7 +5,9 @@ own estimate.
 A handful of anchors are estimated on fake tensors (and, where the model holds weights, timed
 with nothing tracked, from one saved copy of the user's state): each precision alone, each optimizer variant alone, each precision with
 every block checkpointed and with the most micro-batches, and each offloading alone (on a GPU:
-on the CPU it moves nothing). A TF32 anchor takes the fp32 one's estimate (TF32 changes how
+on the CPU it moves nothing). An anchor's estimate warms up by its optimizer step alone (the
+same allocated peak at about half the cost); a timed precision that another beats alone on
+bytes and time is not combined with checkpointing or micro-batches. A TF32 anchor takes the fp32 one's estimate (TF32 changes how
 matmuls round, not what they allocate), and fp16 autocast is left out (its loss scaling reads
 values that fake tensors do not have). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
@@ -52,6 +54,7 @@ from jupyter_gpumem.tuner.planning.composed import (
     Choice,
     Point,
     compose,
+    dominated,
     front,
     ranked,
 )
@@ -216,7 +219,7 @@ def _search(
             )
             if alike is None:
                 say(f"estimating {config}")
-                found = estimate_workload(workload, config)
+                found = estimate_workload(workload, config, primed=True)
             else:  # TF32 changes how matmuls round, not what they allocate
                 found = replace(alike, config=config, label=str(config))
         if old is not None and (old.timed or not wants_time):
@@ -227,7 +230,7 @@ def _search(
             if wants_time and found.peak_bytes is not None and found.breakdown is not None:
                 say(f"timing {config}")
                 step, error = trial.step_time(config, TIMED_STEPS)
-            kept[config] = Kept(found, wants_time, step, error)
+            kept[config] = Kept(found, wants_time, step, error, primed=True)
         made[config] = found
         if found.peak_bytes is None or found.breakdown is None:
             lines.append(f"{config}: not estimated, {found.reason}.")
@@ -245,7 +248,13 @@ def _search(
     kept_o = [o for o in optimizers if by_optimizer[o] is not None]
     all_blocks: dict[str | None, Anchor] = {}
     most_micro: dict[str | None, Anchor] = {}
-    for p in list(kept_p):
+    beaten = dominated({p: by_precision[p] for p in kept_p})  # type: ignore[misc]
+    for p, by in beaten.items():
+        lines.append(
+            f"{p or now or 'as is'}: not combined with checkpointing or micro-batches; "
+            f"{by or now or 'as is'} alone is as small or smaller, and faster."
+        )
+    for p in [p for p in kept_p if p not in beaten]:
         if names:
             whole = anchor(Config(checkpoint=names, precision=p))
             if whole is not None:
@@ -303,7 +312,7 @@ def _search(
         for point in ranked(mine, limit)[:confirm]:
             config = _config(point.choice, names)
             say(f"confirming {config}")
-            found = made.get(config) or _kept_estimate(kept, workload, config)
+            found = _kept_estimate(kept, workload, config)
             confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
             if found.peak_bytes is not None and found.peak_bytes <= limit:
                 winner = (point, found)
@@ -345,10 +354,15 @@ def _search(
 
 
 def _kept_estimate(kept: dict[Config, Kept], workload: Any, config: Config) -> Estimate:
-    """A candidate's own estimate, made once per workload."""
+    """A candidate's own estimate, made once per workload (an anchor's is made again, whole:
+    its figures become the winner's)."""
     old = kept.get(config)
     if old is None:
         old = kept[config] = Kept(estimate_workload(workload, config), timed=False)
+    elif old.primed:
+        old = kept[config] = replace(
+            old, estimate=estimate_workload(workload, config), primed=False
+        )
     return old.estimate
 
 
