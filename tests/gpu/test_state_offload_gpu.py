@@ -132,3 +132,56 @@ def test_inference_mode_keeps_no_activations_as_estimated(
         error = est.error_pct(result.peak_allocated_bytes)
         assert error is not None and abs(error) <= TOLERANCE_PCT, result.vs_estimate
     assert as_is.breakdown["activations"] > 0
+
+
+def test_the_search_puts_the_state_on_the_cpu_where_nothing_else_fits(
+    table: dict[str, Any],
+) -> None:
+    """Eight wide blocks whose weights, gradients and Adam state (2 GiB) dwarf the activations
+    of a small batch: no one-process technique shrinks the state with Adam's algorithm kept, so
+    at 60% of the baseline the search ends on FSDP2 with the state in host memory, on one rank."""
+    import torch
+    from torch import nn
+
+    from jupyter_gpumem.techniques import Config
+    from jupyter_gpumem.tuner.trial import Trial
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(4096, 4096), nn.GELU()) for _ in range(8)))
+    model.cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch = torch.randn(64, 4096, device="cuda")
+    trial = Trial(model, batch, lambda m, x: m(x).square().mean(), optimizer=opt, steps=3)
+    base = trial.run(Config())
+    assert base.peak_allocated_bytes is not None
+    budget = int(0.6 * base.peak_allocated_bytes)
+    found = trial.search(budget)
+    assert found.config is not None, found.text()
+    assert found.config.cpu_offload and (found.config.parallel, found.config.world_size) == (
+        "fsdp2",
+        1,
+    )
+    assert any(
+        line.startswith("Nothing fits with the state on the GPU") for line in found.reasoning
+    )
+    measured = found.verify()
+    assert measured.status == "ok", measured.error
+    assert measured.peak_allocated_bytes is not None and measured.peak_allocated_bytes <= budget
+    assert found.estimate is not None
+    error = found.estimate.error_pct(measured.peak_allocated_bytes)
+    table["rows"].append(
+        {
+            "configuration": f"search winner at 60%: {found.config}",
+            "baseline_bytes": base.peak_allocated_bytes,
+            "budget_bytes": budget,
+            "estimated_bytes": found.estimate.peak_bytes,
+            "measured_bytes": measured.peak_allocated_bytes,
+            "error_pct": error,
+            "search_s": found.wall_s,
+            "step_s": measured.step_s,
+            "baseline_step_s": base.step_s,
+        }
+    )
+    assert error is not None and abs(error) <= TOLERANCE_PCT, measured.vs_estimate
+    del model, opt, batch, trial
+    torch.cuda.empty_cache()

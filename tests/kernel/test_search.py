@@ -203,3 +203,39 @@ def test_an_anchor_warmed_by_its_optimizer_step_alone_has_the_whole_estimates_pe
     assert whole.peak_bytes is not None, whole.reason
     assert (primed.peak_bytes, primed.breakdown) == (whole.peak_bytes, whole.breakdown)
     assert whole.breakdown is not None and whole.breakdown["optimizer_state"] > 0
+
+
+def test_the_state_goes_to_the_cpu_only_where_nothing_else_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP2's CPU offload is the last resort: estimated only where no candidate with the state
+    on the device fits, then composed with every one-process candidate. On this CPU nothing
+    moves to host memory, so none fits there either; the GPU test
+    (tests/gpu/test_state_offload_gpu.py) finds, confirms and measures one that does."""
+    from jupyter_gpumem.tuner.planning import joint
+
+    monkeypatch.setattr(joint, "moves_from", lambda device: True)  # as on a GPU
+    estimated: list[Config] = []
+    real = joint.estimate_workload
+
+    def counted(workload: object, config: Config, primed: bool = False) -> object:
+        estimated.append(config)
+        return real(workload, config, primed=primed)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(joint, "estimate_workload", counted)
+    trial = _weights_heavy()
+    base = trial.estimate()
+    assert base.peak_bytes is not None
+    roomy = trial.search(10**9, measure=False)
+    assert roomy.config == Config() and not any(c.cpu_offload for c in estimated)
+    assert not any("Nothing fits with the state" in line for line in roomy.reasoning)
+    tight = trial.search(int(0.8 * base.peak_bytes), measure=False)
+    alone = Config(parallel="fsdp2", world_size=1, cpu_offload=True)
+    assert alone in estimated
+    assert any(
+        line.startswith("Nothing fits with the state on the GPU: FSDP2 on 1 rank with")
+        for line in tight.reasoning
+    )
+    assert tight.candidates == 2 * roomy.candidates  # each one-process candidate, moved
+    # on the CPU the state is in host memory already: none is predicted to fit, none confirmed
+    assert tight.config is None and not any(c.config.cpu_offload for c in tight.confirmed)

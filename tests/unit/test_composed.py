@@ -118,3 +118,15 @@ def test_a_precision_beaten_alone_on_bytes_and_time_is_named_with_its_better() -
     assert dominated({None: fp32, "tf32": dataclasses.replace(fp32)}) == {}
     # untimed (a model on the meta device): nothing is left out
     assert dominated({None: dataclasses.replace(fp32, step_s=None), "bf16-autocast": bf16}) == {}
+
+
+def test_the_state_on_the_cpu_changes_the_static_part_as_its_rank_alone_did() -> None:
+    anchors = dataclasses.replace(
+        _anchors(),
+        state_on_cpu={1: Anchor(70 * MiB, 0, 0, None)},  # 30 MiB of state gone
+    )
+    plain = Choice("bf16-autocast", None, 4, 1)
+    moved = dataclasses.replace(plain, parallel="fsdp2", world_size=1, cpu_offload=True)
+    assert moved.group == ("fsdp2", 1, True) and plain.group == (None, 1, False)
+    assert anchors.peak(moved) == anchors.peak(plain) - 30 * MiB
+    assert anchors.step_s(moved) == anchors.step_s(plain)  # the ranks' time is not composed

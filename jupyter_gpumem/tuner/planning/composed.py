@@ -19,7 +19,8 @@ as:
 - with activations offloaded (to the blocks' or the whole forward's extent): the dynamic part's
   share that offloading alone kept, and its step-time factor;
 - on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
-  one rank's compute, the same for every candidate of that strategy and world size).
+  one rank's compute, the same for every candidate of that strategy and world size); with the
+  state in host memory (FSDP2's CPU offload, one rank too), what that changes, the same way.
 
 It ranks candidates; it is not the answer. The search confirms the winner with an estimate of its
 own before it says it fits.
@@ -67,6 +68,12 @@ class Choice:
     world_size: int = 1
     lora: int | None = None  # the adapters' rank: the base frozen, the adapters trained
     offload: str | None = None  # "blocks" or "model": what is saved waits in host memory
+    cpu_offload: bool = False  # FSDP2's shards, gradients and optimizer state in host memory
+
+    @property
+    def group(self) -> tuple[str | None, int, bool]:
+        """Where it runs: the strategy, the ranks, and whether the state is in host memory."""
+        return (self.parallel, self.world_size, self.cpu_offload)
 
     @property
     def changes(self) -> int:
@@ -90,6 +97,8 @@ class Anchors:
     ranks: Mapping[tuple[str, int], Anchor] = field(default_factory=dict)
     lora: Anchor | None = None  # LoRA alone, where allowed
     offload: Mapping[str, Anchor] = field(default_factory=dict)  # each offloading alone
+    # FSDP2 on each world size with the state in host memory, alone: its worst rank
+    state_on_cpu: Mapping[int, Anchor] = field(default_factory=dict)
 
     def peak(self, c: Choice) -> int:
         mine = self.precision[c.precision]
@@ -102,7 +111,12 @@ class Anchors:
         if c.offload is not None:  # what it saves waits on the host: the share it kept
             dynamic *= self.offload[c.offload].dynamic_bytes / max(self.base.dynamic_bytes, 1)
         if c.parallel is not None:
-            static += self.ranks[(c.parallel, c.world_size)].peak_bytes - self.base.peak_bytes
+            alone = (
+                self.state_on_cpu[c.world_size]
+                if c.cpu_offload
+                else self.ranks[(c.parallel, c.world_size)]
+            )
+            static += alone.peak_bytes - self.base.peak_bytes
         return max(0, int(static + dynamic))
 
     def step_s(self, c: Choice) -> float | None:

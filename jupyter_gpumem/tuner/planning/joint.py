@@ -23,7 +23,10 @@ Offloading keeps it (the same arithmetic, on copies brought back), so it is alwa
 The reasoning's first line says which.
 
 With ``world_sizes``, DDP and FSDP2 on N ranks are candidates too: each strategy and world size
-is estimated alone (its worst rank), and what it changes is added to every combination.
+is estimated alone (its worst rank), and what it changes is added to every combination. Where
+nothing fits with the state on the GPU, FSDP2 with parameters, gradients and optimizer state
+in host memory (``cpu_offload``, on one rank too) is the last resort, estimated and composed
+then: it keeps the training math, but the optimizer steps on the CPU.
 
 Known limitations:
 - Step times on N ranks are not predicted.
@@ -285,8 +288,11 @@ def _search(
             alone = anchor(Config(parallel=strategy, world_size=n), timed=False)
             if alone is not None:
                 ranks[(strategy, n)] = alone
-    groups = [(None, 1)] * (1 in sizes) + sorted(ranks, key=lambda g: (g[1], PARALLELS.index(g[0])))
-    choices = [replace(c, parallel=g[0], world_size=g[1]) for g in groups for c in choices]
+    groups: list[tuple[str | None, int, bool]] = [(None, 1, False)] * (1 in sizes) + [
+        (s, n, False) for s, n in sorted(ranks, key=lambda g: (g[1], PARALLELS.index(g[0])))
+    ]
+    single = choices
+    choices = [replace(c, parallel=g[0], world_size=g[1]) for g in groups for c in single]
     anchors = Anchors(
         base, {p: by_precision[p] for p in kept_p}, {o: by_optimizer[o] for o in kept_o},  # type: ignore[misc]
         all_blocks, most_micro, len(names), most, ranks, lora, offload,
@@ -306,25 +312,48 @@ def _search(
             "optimizer and loss are unchanged (trial.anchor_memo.clear() makes them anew)."
         )
     confirmed: list[Confirmed] = []
-    winner: tuple[Point, Estimate] | None = None
-    for group in groups:  # the fewest GPUs first
-        mine = [p for p in points if (p.choice.parallel, p.choice.world_size) == group]
+
+    def confirm_in(mine: list[Point]) -> tuple[Point, Estimate] | None:
+        """The first of ``mine``, cheapest first, whose own estimate fits."""
         for point in ranked(mine, limit)[:confirm]:
             config = _config(point.choice, names)
             say(f"confirming {config}")
             found = _kept_estimate(kept, workload, config)
             confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
             if found.peak_bytes is not None and found.peak_bytes <= limit:
-                winner = (point, found)
-                break
+                return point, found
+        return None
+
+    winner: tuple[Point, Estimate] | None = None
+    for group in groups:  # the fewest GPUs first
+        winner = confirm_in([p for p in points if p.choice.group == group])
         if winner is not None:
             break
-    chosen = (
-        groups[0] if winner is None else (winner[0].choice.parallel, winner[0].choice.world_size)
-    )
+    if winner is None and moves_from(workload.device):  # the last resort: the state on the CPU
+        for n in sizes:
+            alone = anchor(Config(parallel="fsdp2", world_size=n, cpu_offload=True), timed=False)
+            if alone is None:
+                continue
+            anchors = replace(anchors, state_on_cpu={**anchors.state_on_cpu, n: alone})
+            groups.append(("fsdp2", n, True))
+            more = compose(
+                anchors,
+                [replace(c, parallel="fsdp2", world_size=n, cpu_offload=True) for c in single],
+            )
+            points += more
+            lines.append(
+                f"Nothing fits with the state on the GPU{'s' if n > 1 else ''}: FSDP2 on {n} "
+                f"rank{'s' if n > 1 else ''} with parameters, gradients and optimizer state in "
+                f"host memory adds {len(more)} candidates (the optimizer steps on the CPU: much "
+                "slower, its step time not predicted)."
+            )
+            winner = confirm_in(more)
+            if winner is not None:
+                break
+    chosen = groups[0] if winner is None else winner[0].choice.group
     shown = tuple(
         (_config(p.choice, names), p.peak_bytes, p.step_s)
-        for p in front([p for p in points if (p.choice.parallel, p.choice.world_size) == chosen])
+        for p in front([p for p in points if p.choice.group == chosen])
     )
     for c in confirmed:
         what = (
@@ -376,6 +405,7 @@ def _config(c: Choice, names: Sequence[str]) -> Config:
         world_size=c.world_size,
         lora=c.lora,
         offload=c.offload,
+        cpu_offload=c.cpu_offload,
     )
 
 
