@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -38,11 +40,23 @@ from jupyter_gpumem.tuner.estimation.nccl import nccl_share
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
+from jupyter_gpumem.units import format_bytes
 
 NO_WORKSPACES = (
     "CUDA was initialised in this kernel before, so the ranks were estimated here from an "
     "empty device: the library workspaces each rank makes (tens of MiB) are not counted"
 )
+PROBED_WORKSPACES = (
+    "CUDA was initialised in this kernel before, so the ranks were estimated here from an "
+    "empty device, with the library workspaces a fresh process made on it ({size})"
+)
+# a fresh process makes the workspaces a rank would, and prints their bytes
+_PROBE = (
+    "import sys, torch\n"
+    "from jupyter_gpumem.tuner.estimation.fake_peaks import device_facts\n"
+    "print(device_facts(torch, torch.device('cuda', int(sys.argv[1]))).workspace_bytes)\n"
+)
+_PROBED: dict[str, int | None] = {}
 
 
 def estimate_ranks(
@@ -93,6 +107,7 @@ def _ranks(
     # DDP makes its buckets anew in the second forward: the fake steps reach it where the
     # trial's warm-up does
     warmup = min(workload.warmup, 2)
+    workspaces = fresh_workspaces(device) if cuda and not fresh else None
     played: dict[tuple[int, ...], Estimate] = {}
     out: list[Estimate] = []
     for rank in range(config.world_size):
@@ -128,7 +143,9 @@ def _ranks(
             )
             peaks = fake_peaks.cuda_peaks(run, segments, foreign)
             notes.extend(fake_peaks.allocator_notes())
-            if not fresh:
+            if workspaces is not None:
+                notes.append(PROBED_WORKSPACES.format(size=format_bytes(workspaces)))
+            elif not fresh:
                 notes.append(NO_WORKSPACES)
         else:
             peaks = fake_peaks.cpu_peaks(run)
@@ -144,11 +161,50 @@ def _ranks(
             config=config,
             rank=rank,
         )
+        if workspaces:
+            found = with_workspaces(found, workspaces)
         if judge is not None:  # a rank of N GPUs talks over NCCL
             found = on_card(found, judge, gpu, nccl_share(config.world_size))
         played[key] = found
         out.append(found)
     return out
+
+
+def with_workspaces(found: Estimate, size: int) -> Estimate:
+    """``found`` with ``size`` bytes of library workspaces held from the start (each is a
+    segment of its own, so reserved grows by as much)."""
+    if found.peak_bytes is None or found.breakdown is None:
+        return found
+    breakdown = dict(found.breakdown)
+    breakdown["library_workspace"] = breakdown.get("library_workspace", 0) + size
+    reserved = found.peak_reserved_bytes
+    return replace(
+        found,
+        peak_bytes=found.peak_bytes + size,
+        peak_reserved_bytes=None if reserved is None else reserved + size,
+        breakdown=breakdown,
+        workspace_bytes=(found.workspace_bytes or 0) + size,
+    )
+
+
+def fresh_workspaces(device: Any) -> int | None:
+    """The library workspaces a fresh process makes on ``device``, as each rank does: measured
+    once, in a process of its own (this one made its own long ago); None where that fails."""
+    key = str(device)
+    if key not in _PROBED:
+        index = 0 if device.index is None else device.index
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE, str(index)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
+            _PROBED[key] = int(done.stdout.split()[-1]) if done.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            _PROBED[key] = None
+    return _PROBED[key]
 
 
 def shard_sizes(model: Any, config: Config, rank: int) -> tuple[int, ...]:
