@@ -13,7 +13,9 @@ as:
 - dynamic: the precision's anchor, scaled by the share that checkpointing all blocks kept
   (taken ``k / n`` of the way) and by the share that the most micro-batches kept (taken
   ``(1 - 1/a) / (1 - 1/A)`` of the way: activations go with the micro-batch);
-- step time: the baseline's, times each technique's measured factor, scaled the same ways;
+- step time: the baseline's, times each technique's measured factor, scaled the same ways; the
+  optimizer's change in seconds added (its step costs the same whatever the compute's
+  precision, checkpointing or micro-batches);
 - with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
   part's share kept;
 - with activations offloaded (to the blocks' or the whole forward's extent): the dynamic part's
@@ -126,7 +128,10 @@ class Anchors:
         other = self.optimizer[c.optimizer].step_s
         if base is None or own is None or other is None or min(base, own, other) <= 0:
             return None
-        factor = (own / base) * (other / base)
+        factor = own / base
+        # the optimizer's own seconds: one step per optimizer step, in fp32 master weights,
+        # whatever the precision of the compute, the blocks recomputed or the micro-batches
+        optimizer = other - base
         if c.lora is not None:
             if self.lora is None or self.lora.step_s is None:
                 return None
@@ -147,7 +152,7 @@ class Anchors:
             if most is None:
                 return None
             factor *= 1 + (most / own - 1) * self._micro_share(c.accumulate)
-        return base * factor + extra
+        return base * factor + optimizer + extra
 
     def _offloaded_share(self, c: Choice) -> float:
         """What the choice saves for backward against the baseline: the share of the bytes
