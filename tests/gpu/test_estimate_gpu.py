@@ -11,13 +11,13 @@ the issue's list, and fp16 autocast, which is refused with its reason.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support.gpu_table import gpu_table
 
 GiB = 2**30
 TOLERANCE_PCT = 5.0
@@ -27,17 +27,7 @@ BUDGET = 20 * GiB
 @pytest.fixture(scope="module")
 def table() -> Iterator[dict[str, Any]]:
     """Rows of the table, written when the module ends."""
-    import torch
-
-    if not torch.cuda.is_available():  # module fixtures run before the autouse skip
-        pytest.skip("needs a CUDA device")
-    found: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    found["rows"] = []
-    yield found
-    out = os.environ.get("GPUMEM_OUT")
-    if out:
-        with open(os.path.join(out, "estimate.json"), "w") as f:
-            json.dump(found, f, indent=1, default=str)
+    yield from gpu_table("estimate.json")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ tensors until the forward drops them, their copies in backward), not the host co
 from __future__ import annotations
 
 import gc
-import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support.gpu_table import estimated_and_measured, gpu_table
 
 TOLERANCE_PCT = 3.0
 OFFLOADED = (
@@ -29,17 +29,7 @@ OFFLOADED = (
 
 @pytest.fixture(scope="module")
 def table() -> Iterator[dict[str, Any]]:
-    import torch
-
-    if not torch.cuda.is_available():  # module fixtures run before the autouse skip
-        pytest.skip("needs a CUDA device")
-    found: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    found["rows"] = []
-    yield found
-    out = os.environ.get("GPUMEM_OUT")
-    if out:
-        with open(os.path.join(out, "offload.json"), "w") as f:
-            json.dump(found, f, indent=1, default=str)
+    yield from gpu_table("offload.json")
 
 
 @pytest.fixture(scope="module")
@@ -65,34 +55,14 @@ def gpt() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def base(gpt: Any, table: dict[str, Any]) -> Any:
     """The baseline's measured result."""
-    return _row(gpt, table)[1]
-
-
-def _row(trial: Any, table: dict[str, Any], **config: Any) -> tuple[Any, Any]:
-    est = trial.estimate(**config)
-    result = trial.run(est.config)
-    assert result.status == "ok", result.error
-    table["rows"].append(
-        {
-            "configuration": est.label,
-            "estimated_bytes": est.peak_bytes,
-            "measured_bytes": result.peak_allocated_bytes,
-            "error_pct": est.error_pct(result.peak_allocated_bytes),
-            "estimated_phase": est.phase,
-            "measured_phase": result.report.main.peak_phase,
-            "measured_breakdown": dict(result.breakdown),
-            "estimated_breakdown": dict(est.breakdown or {}),
-            "step_s": result.step_s,
-        }
-    )
-    return est, result
+    return estimated_and_measured(gpt, table)[1]
 
 
 @pytest.mark.parametrize("config", OFFLOADED, ids=lambda c: " + ".join(c.values()))
 def test_offloading_lowers_the_peak_as_estimated(
     gpt: Any, table: dict[str, Any], base: Any, config: dict[str, str]
 ) -> None:
-    est, result = _row(gpt, table, **config)
+    est, result = estimated_and_measured(gpt, table, **config)
     assert not any("no effect" in w for w in result.warnings)
     assert result.peak_allocated_bytes < base.peak_allocated_bytes
     error = est.error_pct(result.peak_allocated_bytes)

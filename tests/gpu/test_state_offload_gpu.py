@@ -14,29 +14,19 @@ The table goes to ``$GPUMEM_OUT/state_offload.json``.
 from __future__ import annotations
 
 import gc
-import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support.gpu_table import estimated_and_measured, gpu_table
 
 TOLERANCE_PCT = 3.0
 
 
 @pytest.fixture(scope="module")
 def table() -> Iterator[dict[str, Any]]:
-    import torch
-
-    if not torch.cuda.is_available():  # module fixtures run before the autouse skip
-        pytest.skip("needs a CUDA device")
-    found: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    found["rows"] = []
-    yield found
-    out = os.environ.get("GPUMEM_OUT")
-    if out:
-        with open(os.path.join(out, "state_offload.json"), "w") as f:
-            json.dump(found, f, indent=1, default=str)
+    yield from gpu_table("state_offload.json")
 
 
 def _gpt() -> tuple[Any, Any]:
@@ -81,31 +71,13 @@ def inference() -> Iterator[Any]:
     torch.cuda.empty_cache()
 
 
-def _row(trial: Any, table: dict[str, Any], **config: Any) -> tuple[Any, Any]:
-    est = trial.estimate(**config)
-    result = trial.run(est.config)
-    assert result.status == "ok", result.error
-    table["rows"].append(
-        {
-            "configuration": est.label,
-            "estimated_bytes": est.peak_bytes,
-            "measured_bytes": result.peak_allocated_bytes,
-            "measured_reserved_bytes": result.peak_reserved_bytes,
-            "error_pct": est.error_pct(result.peak_allocated_bytes),
-            "measured_breakdown": dict(result.breakdown or {}),
-            "estimated_breakdown": dict(est.breakdown or {}),
-            "step_s": result.step_s,
-            "notes": list(est.notes),
-        }
-    )
-    return est, result
-
-
 def test_cpu_offload_keeps_the_state_in_host_memory_as_estimated(
     training: Any, table: dict[str, Any]
 ) -> None:
-    one_rank, plain = _row(training, table, parallel="fsdp2", world_size=1)
-    est, offloaded = _row(training, table, parallel="fsdp2", world_size=1, cpu_offload=True)
+    one_rank, plain = estimated_and_measured(training, table, parallel="fsdp2", world_size=1)
+    est, offloaded = estimated_and_measured(
+        training, table, parallel="fsdp2", world_size=1, cpu_offload=True
+    )
     params = sum(p.numel() * p.element_size() for p in training.model.parameters())
     assert plain.breakdown["optimizer_state"] >= params  # AdamW: two moments per parameter
     assert offloaded.breakdown["optimizer_state"] == 0
@@ -121,12 +93,12 @@ def test_cpu_offload_keeps_the_state_in_host_memory_as_estimated(
 def test_inference_mode_keeps_no_activations_as_estimated(
     inference: Any, table: dict[str, Any]
 ) -> None:
-    _, as_is = _row(inference, table)
+    _, as_is = estimated_and_measured(inference, table)
     for config in (
         {"inference_mode": True},
         {"inference_mode": True, "precision": "bf16-autocast"},
     ):
-        est, result = _row(inference, table, **config)
+        est, result = estimated_and_measured(inference, table, **config)
         assert result.breakdown["activations"] == 0
         assert result.peak_allocated_bytes < as_is.peak_allocated_bytes
         error = est.error_pct(result.peak_allocated_bytes)
