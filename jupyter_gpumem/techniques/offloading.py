@@ -3,7 +3,8 @@
 As ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` does, each tensor the forward saves
 for backward is copied to pinned host memory when it is saved (the device tensor is freed as
 soon as the forward drops it) and copied back when backward needs it: less device memory for
-two copies over the bus. ``offload="model"`` does so for the model's whole forward,
+two copies over the bus (the first step pins that host memory, on threads: see
+:mod:`.pinning`). ``offload="model"`` does so for the model's whole forward,
 ``"blocks"`` only inside its repeated blocks (those ``checkpoint="blocks"`` finds). A forward
 pre-hook and post-hook on each target enter and leave the offloading; revert removes them.
 
@@ -38,6 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from jupyter_gpumem.techniques.checkpointing import checkpoint_targets
+from jupyter_gpumem.techniques.pinning import fast_pinning
 
 STAYS = ("cpu", "meta")  # devices whose saved tensors are not moved
 NO_EFFECT = (
@@ -84,11 +86,16 @@ def _moves(t: torch.Tensor) -> bool:
     return moves_from(t.device) and t.layout == torch.strided
 
 
-def to_host(t: torch.Tensor) -> OnHost:
-    """A copy of ``t`` in host memory, pinned for a CUDA tensor (never for a fake one)."""
+def _pins(t: torch.Tensor) -> bool:
+    """Whether ``t``'s host copy is pinned: a real CUDA tensor's (never a fake one's)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    pin = t.device.type == "cuda" and torch.cuda.is_available() and not is_fake(t)
+    return t.device.type == "cuda" and torch.cuda.is_available() and not is_fake(t)
+
+
+def to_host(t: torch.Tensor) -> OnHost:
+    """A copy of ``t`` in host memory, pinned for a CUDA tensor (never for a fake one)."""
+    pin = _pins(t)
     host = torch.empty(t.size(), dtype=t.dtype, device="cpu", pin_memory=pin)
     host.copy_(t.detach(), non_blocking=pin)
     return OnHost(host, t.device, pin)
@@ -125,12 +132,15 @@ class Offloading:
     def __init__(self, model: nn.Module, targets: list[str]) -> None:
         self.targets = tuple(targets)
         self._handles: list[Any] = []
+        self._put_back: Callable[[], None] | None = None
         self._open: list[torch.autograd.graph.saved_tensors_hooks] = []
         tensors = (*model.parameters(), *model.buffers())
         if not any(_moves(t) for t in tensors):
             self.warnings: tuple[str, ...] = (NO_EFFECT,)
             return
         self.warnings = ()
+        # a real GPU's saved tensors are pinned on first use: on threads while this lasts
+        self._put_back = fast_pinning() if any(_pins(t) for t in tensors) else None
         for name in targets:
             module = model.get_submodule(name)
             self._handles.append(module.register_forward_pre_hook(self._enter))
@@ -149,3 +159,6 @@ class Offloading:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._put_back is not None:
+            self._put_back()
+            self._put_back = None
