@@ -8,8 +8,9 @@ GPT-2 medium (355M, batch 8 x 1024, fp32 AdamW, random weights) on the GPU prese
 configuration: the estimate's peak (fake tensors, no GPU memory), the peak and reserved bytes
 ``Trial.run`` measures, the error, the step time, and the peak and step-time change against the
 measured baseline. A configuration whose estimate gives a reason instead of a figure keeps the
-reason (the paged optimizer's state is outside the allocator). The file is rewritten after each
-row, so a run cut short keeps what it measured.
+reason, and the estimate's notes are kept (the paged optimizer's say how much of its state pages
+outside the allocator). The file is rewritten after each row, so a run cut short keeps what it
+measured.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def row(trial: Any, name: str, settings: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         est = trial.estimate(**settings)
-        estimated, reason = est.peak_bytes, est.reason
+        estimated, reason, notes = est.peak_bytes, est.reason, list(est.notes)
     except Exception as exc:  # an optional package missing: say so in the row
-        estimated, reason = None, f"{type(exc).__name__}: {exc}"
+        estimated, reason, notes = None, f"{type(exc).__name__}: {exc}", []
     estimate_s = time.perf_counter() - t0
     result = trial.run(Config(**settings))
     measured = result.peak_allocated_bytes
@@ -80,11 +81,12 @@ def row(trial: Any, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         error = 100 * (estimated - measured) / measured
     return {
         "configuration": name, "settings": settings, "estimated_bytes": estimated,
-        "reason": reason, "estimate_s": estimate_s, "measured_bytes": measured,
+        "reason": reason, "notes": notes, "estimate_s": estimate_s, "measured_bytes": measured,
         "measured_reserved_bytes": result.peak_reserved_bytes, "error_pct": error,
         "step_s": result.step_s, "status": result.status,
         "breakdown": result.breakdown, "error": result.error,
         "estimated_breakdown": None if estimated is None else est.breakdown,
+        "estimated_reserved_bytes": None if estimated is None else est.peak_reserved_bytes,
     }  # fmt: skip
 
 

@@ -106,8 +106,11 @@ def test_a_meta_qlora_model_estimates_what_its_4bit_weights_measure(
     assert abs(est.peak_reserved_bytes / reserved - 1) <= 0.05
 
 
+@pytest.mark.parametrize("optimizer", ["AdamW8bit", "PagedAdamW8bit"])
 @pytest.mark.parametrize("built_on", ["meta", "cuda"])
-def test_an_8bit_optimizer_estimates_what_it_measures(built_on: str) -> None:
+def test_an_8bit_optimizer_estimates_what_it_measures(built_on: str, optimizer: str) -> None:
+    """A paged one's state outside the allocator is in neither figure, and the estimate says
+    how much of it pages."""
     import bitsandbytes as bnb
     import torch
     import transformers
@@ -118,7 +121,7 @@ def test_an_8bit_optimizer_estimates_what_it_measures(built_on: str) -> None:
         torch.manual_seed(0)
         with torch.device(device):
             model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=4))
-        return model, bnb.optim.AdamW8bit(model.parameters(), lr=1e-4)
+        return model, getattr(bnb.optim, optimizer)(model.parameters(), lr=1e-4)
 
     model, opt = gpt2(built_on)
     ids = torch.zeros(4, 512, dtype=torch.long, device=built_on)
@@ -128,7 +131,9 @@ def test_an_8bit_optimizer_estimates_what_it_measures(built_on: str) -> None:
     model, opt = gpt2("cuda")
     ids = torch.zeros(4, 512, dtype=torch.long, device="cuda")
     allocated, reserved, _ = _measured(Trial(model, ids, _loss, optimizer=opt, warmup=1, steps=2))
-    print(f"AdamW8bit from {built_on}: estimated {est.peak_bytes} / {est.peak_reserved_bytes}, "
+    print(f"{optimizer} from {built_on}: estimated {est.peak_bytes} / {est.peak_reserved_bytes}, "
           f"measured {allocated} / {reserved}; {est.breakdown}")  # fmt: skip
     assert abs(est.peak_bytes / allocated - 1) <= 0.01
     assert abs(est.peak_reserved_bytes / reserved - 1) <= 0.05
+    paged = [n for n in est.notes if "unified memory" in n]
+    assert bool(paged) == (optimizer == "PagedAdamW8bit"), est.notes

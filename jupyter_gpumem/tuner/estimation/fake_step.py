@@ -53,6 +53,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
 from jupyter_gpumem.tuner.estimation.quantized import (
     hidden_buffers,
     maps_made_for_real,
+    paged_state,
     ready_to_step,
 )
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
@@ -82,6 +83,7 @@ class FakeRun:
     )
     # existing storage -> how loading made it and its siblings (StorageLog.loaded)
     loading: Mapping[int, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    left_out_bytes: int = 0  # storages outside PyTorch's allocator, not in the events
 
 
 @functools.cache
@@ -194,6 +196,8 @@ def run_fake(
                 window = _steps(
                     torch, applied, (warm, step), loss_fn, run_batch, log, warmup, steps
                 )
+                for buffer in paged_state(applied.optimizer):
+                    log.leave_out(buffer)
                 log.recording = False
         except Unfakeable:
             raise
@@ -211,21 +215,25 @@ def run_of(
     log: StorageLog, device: Any, window: tuple[int, int, tuple[int, ...], frozenset[int]]
 ) -> FakeRun:
     """What ``log`` recorded, measured from ``window``: (first event, its clock, the storages
-    alive then, those of them the model, optimizer and batch hold)."""
+    alive then, those of them the model, optimizer and batch hold). Storages the log left out
+    (outside PyTorch's allocator) are in none of them."""
+    out = log.left_out
+    first, clock, live, reachable = window
     return FakeRun(
         device=str(device),
         sizes=tuple(log.sizes),
         real=dict(log.real),
-        existing=tuple(log.existing),
-        events=tuple(log.events),
-        window=window[0],
-        window_clock=window[1],
-        live_at_window=window[2],
-        reachable=window[3],
+        existing=tuple(i for i in log.existing if i not in out),
+        events=tuple(e for e in log.events if e[1] not in out),
+        window=first - sum(1 for e in log.events[:first] if e[1] in out),
+        window_clock=clock,
+        live_at_window=tuple(i for i in live if i not in out),
+        reachable=frozenset(reachable - out),
         tags=tuple(log.tags),
         marks=tuple(log.marks),
         communication=dict(log.communication or {}),
         loading=dict(log.loading),
+        left_out_bytes=sum(log.sizes[i] for i in out),
     )
 
 

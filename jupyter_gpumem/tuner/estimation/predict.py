@@ -42,6 +42,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
 )
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.quantized import paged_note
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
@@ -134,6 +135,8 @@ def estimate_workload(
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)
     notes = checkpoint_notes(workload.model, config)
+    if run.left_out_bytes:
+        notes.append(paged_note(run.left_out_bytes))
     if cuda:
         assert facts is not None
         drop = _cleared(torch, workload, device, keep=set(run.real.values()), batch=not own_batch)

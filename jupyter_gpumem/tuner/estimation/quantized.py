@@ -18,13 +18,18 @@ few hundred floats, made from values) are made outside the fake mode, in a dict 
 one that a configuration builds inside the fake mode makes them outside it too
 (:func:`maps_made_for_real`).
 
+A paged 8-bit optimizer keeps the state of each tensor of 100,000 elements or more in CUDA
+unified memory, outside PyTorch's allocator, where the measured peak does not see it. Its copy
+steps as its unpaged twin and names those buffers (:func:`paged_state`): the fake run leaves them
+out of the allocator's figures, and the estimate says how many bytes page instead.
+
 Known limitations:
 - For 5 to 1536 rows, the kernel choice is bitsandbytes' heuristic for the GPU present; a
   named card that is not present uses the present card's choice, and without a GPU the
   estimate says it cannot tell.
 - 8-bit weights (``Int8Params``) and 4-bit weights across ranks are not faked.
-- Paged optimizers keep their state in CUDA unified memory, outside PyTorch's allocator; they
-  are refused with that reason.
+- A paged buffer takes device memory while there is room for it; the estimate does not say
+  when the driver would move it to the host.
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.units import format_bytes
 
+PAGED_FROM = 100_000  # bitsandbytes pages the state of tensors of this many elements and more
+PAGED = "_gpumem_paged_state"  # where a paged optimizer's copy keeps its paged buffers
 _FALLBACK_ROWS = 1536  # bitsandbytes dequantizes and calls F.linear past this many rows (CUDA)
 _CUSTOM_ROWS = 4  # and always runs its own kernel up to this many
 _GEMM = "bitsandbytes::gemm_4bit"
@@ -177,18 +185,49 @@ def ready_to_step(optimizer: Any) -> None:
     if not hasattr(optimizer, "name2qmap") or not hasattr(optimizer, "fill_qmap"):
         return
     if getattr(optimizer, "is_paged", False):
-        raise Unfakeable(
-            f"{type(optimizer).__name__} pages its state through CUDA unified memory, outside "
-            "PyTorch's allocator, so its peak is not the allocator's; estimate its unpaged twin "
-            "(the same name without 'Paged'; optimizer='adamw-8bit' for adamw-paged-8bit) for "
-            "the peak it pages out of"
-        )
+        _unpaged(optimizer)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     optimizer.name2qmap = dict(optimizer.name2qmap)  # the user's optimizer keeps its own
     if "dynamic" not in optimizer.name2qmap:
         with unset_fake_temporarily():
             optimizer.fill_qmap()
+
+
+def _unpaged(optimizer: Any) -> None:
+    """A paged optimizer's copy made to step as its unpaged twin, keeping the state buffers
+    bitsandbytes would page (``get_state_buffer``'s rule) in :data:`PAGED`."""
+    plain = optimizer.get_state_buffer
+    paged: list[Any] = []
+
+    def get_state_buffer(p: Any, *args: Any, **kwargs: Any) -> Any:
+        buffer = plain(p, *args, **kwargs)
+        if pages(p):
+            paged.append(buffer)
+        return buffer
+
+    optimizer.is_paged = False  # no page manager, no synchronize: the fakes are in the allocator
+    optimizer.get_state_buffer = get_state_buffer
+    setattr(optimizer, PAGED, paged)
+
+
+def pages(p: Any) -> bool:
+    """Whether bitsandbytes pages the state of ``p``: on a GPU, from 100,000 elements."""
+    return bool(p.device.type != "cpu" and p.numel() >= PAGED_FROM)
+
+
+def paged_state(optimizer: Any) -> list[Any]:
+    """The state buffers a paged optimizer's copy keeps outside PyTorch's allocator."""
+    return list(getattr(optimizer, PAGED, ()))
+
+
+def paged_note(nbytes: int) -> str:
+    """What an estimate says of a paged optimizer's state."""
+    return (
+        f"{format_bytes(nbytes)} of the optimizer's state pages through CUDA unified memory, "
+        "outside PyTorch's allocator, so it is not in this peak (nor in the measured one); it "
+        "takes device memory while there is room and moves to the host when there is not"
+    )
 
 
 BNB_OPTIMIZERS = ("adamw-8bit", "adamw-paged-8bit")  # the Config names bitsandbytes builds

@@ -61,6 +61,7 @@ class StorageLog:
         self.tags: list[tuple[int, str]] = []
         self.marks: list[PhaseMark] = []
         self.recording = False
+        self.left_out: set[int] = set()  # storages outside PyTorch's allocator (see leave_out)
         self.communication: dict[int, tuple[dict[str, Any], ...]] | None = None  # when parallel
         self.loading: dict[int, tuple[tuple[str, int], ...]] = {}  # see :meth:`loaded`
         self.step = 0
@@ -139,6 +140,13 @@ class StorageLog:
         if st.nbytes() != ref.size:
             self._drop(ref)
             self._add(st, event=True)
+
+    def leave_out(self, tensor: Any) -> None:
+        """``tensor``'s storage is not the allocator's (a paged optimizer's state, in unified
+        memory): the run's figures leave it out."""
+        ref = self._live.get(tensor.untyped_storage()._cdata)
+        if ref is not None:
+            self.left_out.add(ref.index)
 
     def tag(self, value: Any, category: str) -> None:
         if not isinstance(value, self.torch.Tensor):
