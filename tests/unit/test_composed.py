@@ -9,6 +9,7 @@ from jupyter_gpumem.tuner.planning.composed import (
     Anchors,
     Choice,
     compose,
+    corrected,
     dominated,
     front,
     ranked,
@@ -91,9 +92,16 @@ def test_offloading_keeps_its_share_of_the_dynamic_part_and_costs_its_step_time(
     both = Choice("bf16-autocast", None, 0, 1, offload="model")
     assert anchors.peak(both) == 40 * MiB + 20 * MiB
     assert abs(anchors.step_s(both) - (0.5 + 0.5 * 40 / 60)) < 1e-12
-    # with every block checkpointed (5 of 60 MiB left to save), little is left to copy
+    # with every block checkpointed (15 of 60 MiB left to save), little is left to copy, and
+    # what stays is the lesser of what each kept alone: here checkpointing's 15 MiB
     saved = Choice(None, None, 4, 1, offload="model")
     assert abs(anchors.step_s(saved) - (1.3 + 0.5 * 15 / 60)) < 1e-12
+    assert anchors.peak(saved) == anchors.peak(Choice(None, None, 4, 1)) == 55 * MiB
+    # and where offloading alone keeps less (10 MiB), its share, never the product of the two
+    tighter = dataclasses.replace(
+        anchors, offload={"model": dataclasses.replace(moved, peak_bytes=50 * MiB)}
+    )
+    assert tighter.peak(saved) == tighter.peak(alone) == 50 * MiB
     # micro-batches copy the whole batch's bytes, a slice at a time
     micro = Choice(None, None, 0, 4, offload="model")
     assert abs(anchors.step_s(micro) - (1.2 + 0.5)) < 1e-12
@@ -106,6 +114,20 @@ def test_offloading_keeps_its_share_of_the_dynamic_part_and_costs_its_step_time(
     untimed_all = dataclasses.replace(_anchors(timed=False), offload={"model": moved})
     points = compose(untimed_all, [alone, checkpointed])
     assert [p.choice for p in ranked(points, 100 * MiB)] == [checkpointed, alone]
+
+
+def test_a_failed_confirmation_moves_its_family_by_its_error() -> None:
+    anchors = _anchors()
+    choices = [Choice(p, o, 4, 1) for p in (None, "bf16-autocast") for o in (None, "adamw-8bit")]
+    points = compose(anchors, choices)
+    wrong = points[0]  # as is, AdamW: its own estimate came out 7 MiB over the composition
+    moved = corrected(points, wrong, wrong.peak_bytes + 7 * MiB)
+    same = [q.peak_bytes - p.peak_bytes for p, q in zip(points, moved, strict=True)]
+    # the 8-bit twin shares the family (the optimizer's bytes are exact); bf16's do not
+    assert same == [7 * MiB, 7 * MiB, 0, 0]
+    assert [p.choice for p in moved] == choices and [p.step_s for p in moved] == [
+        p.step_s for p in points
+    ]
 
 
 def test_a_precision_beaten_alone_on_bytes_and_time_is_named_with_its_better() -> None:

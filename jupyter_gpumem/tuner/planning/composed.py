@@ -19,19 +19,23 @@ as:
 - with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
   part's share kept;
 - with activations offloaded (to the blocks' or the whole forward's extent): the dynamic part's
-  share that offloading alone kept, and its step-time factor;
+  share that offloading alone kept, or what checkpointing kept where that is less (checkpointed
+  blocks save only their inputs, and those are moved too), and the seconds its copies took
+  alone, by the share of saved bytes still copied;
 - on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
   one rank's compute, the same for every candidate of that strategy and world size); with the
   state in host memory (FSDP2's CPU offload, one rank too), what that changes, the same way.
 
 It ranks candidates; it is not the answer. The search confirms the winner with an estimate of its
-own before it says it fits.
+own before it says it fits. A candidate whose own estimate did not fit tells how far its family
+(the same precision, offloading, micro-batches, LoRA and ranks: composed alike) was off, and
+:func:`corrected` moves the family's other points by as much before the next is taken.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 STATIC = ("parameters", "gradients", "optimizer_state")
 
@@ -106,12 +110,17 @@ class Anchors:
         mine = self.precision[c.precision]
         optimizer = self.optimizer[c.optimizer].optimizer_bytes - self.base.optimizer_bytes
         static = mine.static_bytes + optimizer
-        dynamic = mine.dynamic_bytes * self._kept(c)
+        share = self._kept(c)
+        if c.offload is not None:  # what it saves waits on the host: the share it kept
+            moved = self.offload[c.offload].dynamic_bytes / max(self.base.dynamic_bytes, 1)
+            # checkpointed blocks save their inputs alone, and offloading moves those too: what
+            # stays is the lesser of what checkpointing kept and what offloading alone kept (the
+            # rest of the model's activations, a block brought back or recomputed in backward)
+            share = min(share, self._kept(replace(c, blocks=0)) * moved)
+        dynamic = mine.dynamic_bytes * share
         if c.lora is not None and self.lora is not None:  # its gradients and state, the adapters'
             static += self.lora.static_bytes - self.base.static_bytes
             dynamic *= self.lora.dynamic_bytes / max(self.base.dynamic_bytes, 1)
-        if c.offload is not None:  # what it saves waits on the host: the share it kept
-            dynamic *= self.offload[c.offload].dynamic_bytes / max(self.base.dynamic_bytes, 1)
         if c.parallel is not None:
             alone = (
                 self.state_on_cpu[c.world_size]
@@ -195,6 +204,23 @@ class Point:
 
 def compose(anchors: Anchors, choices: Iterable[Choice]) -> list[Point]:
     return [Point(c, anchors.peak(c), anchors.step_s(c)) for c in choices]
+
+
+def family(c: Choice) -> tuple[object, ...]:
+    """What a candidate's composition error carries over to: the same precision, offloading,
+    micro-batches, LoRA and ranks (the optimizer's bytes are static and exact; checkpointing is
+    interpolated, so it is left free)."""
+    return (c.precision, c.offload, c.accumulate, c.lora, c.group)
+
+
+def corrected(points: Sequence[Point], wrong: Point, estimated_bytes: int) -> list[Point]:
+    """``points`` with ``wrong``'s family moved by how far its own estimate was from it."""
+    error = estimated_bytes - wrong.peak_bytes
+    mine = family(wrong.choice)
+    return [
+        Point(p.choice, max(0, p.peak_bytes + error), p.step_s) if family(p.choice) == mine else p
+        for p in points
+    ]
 
 
 def front(points: Sequence[Point]) -> list[Point]:

@@ -12,7 +12,8 @@ matmuls round, not what they allocate), and fp16 autocast is left out (its loss 
 values that fake tensors do not have). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
 candidates that fit are taken cheapest first (least predicted step time; fewest changes where
-times are unknown) and each is estimated on its own until one fits: that one is the winner,
+times are unknown) and each is estimated on its own until one fits (one that does not moves its
+family's composed peaks by its error, :func:`.composed.corrected`): that one is the winner,
 its figures the estimate's, never the composition's. ``verify()`` measures it. The anchors and
 confirmations are kept on the trial (:mod:`.anchor_memo`): its next search of the same workload
 makes none of them again.
@@ -46,6 +47,7 @@ from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISION
 from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.offloading import moves_from
 from jupyter_gpumem.techniques.optimizers import optimizer_name
+from jupyter_gpumem.techniques.pinning import release_cached
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
 from jupyter_gpumem.tuner.estimation.predict import estimate_workload
@@ -57,6 +59,7 @@ from jupyter_gpumem.tuner.planning.composed import (
     Choice,
     Point,
     compose,
+    corrected,
     dominated,
     front,
     ranked,
@@ -163,7 +166,11 @@ def search(
         raise ValueError("measure=True needs a model with weights; this one is on the meta device")
     sizes = _world_sizes(world_sizes)
     with trial.preserved() if measure else nullcontext():  # the state saved once, for every anchor
-        return _search(trial, budget_bytes, allow, measure, sizes, confirm, progress, t0)
+        found = _search(trial, budget_bytes, allow, measure, sizes, confirm, progress, t0)
+    if measure and moves_from(trial.workload.device):
+        release_cached()  # the host memory its offloaded anchors pinned
+        found.wall_s = time.perf_counter() - t0
+    return found
 
 
 def _search(
@@ -277,7 +284,8 @@ def _search(
         choices += [replace(c, lora=LORA_RANK) for c in choices if c.optimizer is None]
     offload: dict[str, Anchor] = {}
     if moves_from(workload.device):  # on the CPU, offloading moves nothing
-        for where in OFFLOADS if names else ("model",):
+        # the whole model's first: the blocks' host copies then reuse the blocks it pinned
+        for where in sorted(OFFLOADS, key="model".__ne__) if names else ("model",):
             alone = anchor(Config(offload=where))
             if alone is not None:
                 offload[where] = alone
@@ -314,14 +322,22 @@ def _search(
     confirmed: list[Confirmed] = []
 
     def confirm_in(mine: list[Point]) -> tuple[Point, Estimate] | None:
-        """The first of ``mine``, cheapest first, whose own estimate fits."""
-        for point in ranked(mine, limit)[:confirm]:
+        """The first of ``mine``, cheapest first, whose own estimate fits; each one that does
+        not moves its family by its error before the next is taken."""
+        for _ in range(confirm):
+            order = ranked(mine, limit)
+            if not order:
+                return None
+            point = order[0]
             config = _config(point.choice, names)
             say(f"confirming {config}")
             found = _kept_estimate(kept, workload, config)
             confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
             if found.peak_bytes is not None and found.peak_bytes <= limit:
                 return point, found
+            mine = [p for p in mine if p is not point]
+            if found.peak_bytes is not None:
+                mine = corrected(mine, point, found.peak_bytes)
         return None
 
     winner: tuple[Point, Estimate] | None = None
