@@ -74,6 +74,9 @@ __all__ = ["Search", "search"]
 ACCUMULATE = (2, 4, 8)  # micro-batches tried, where the batch splits so
 CONFIRM = 8  # candidates estimated on their own, at most, before the search gives up
 TIMED_STEPS = 2  # an anchor's steps timed, after one warm-up step
+# an offloaded anchor's: its step is its copies' seconds, steady from step to step, and the
+# longest of all (its warm-up pins the host memory)
+OFFLOADED_TIMED_STEPS = 1
 UNSEARCHED_FP16 = (
     "fp16-autocast: not searched, its loss scaling reads tensor values (the overflow check), "
     "which fake tensors do not have; bf16-autocast saves the same memory without it."
@@ -239,7 +242,8 @@ def _search(
             step, error = None, None
             if wants_time and found.peak_bytes is not None and found.breakdown is not None:
                 say(f"timing {config}")
-                step, error = trial.step_time(config, TIMED_STEPS)
+                steps = OFFLOADED_TIMED_STEPS if config.offload else TIMED_STEPS
+                step, error = trial.step_time(config, steps)
             kept[config] = Kept(found, wants_time, step, error, primed=True)
         made[config] = found
         if found.peak_bytes is None or found.breakdown is None:
