@@ -87,10 +87,11 @@ def test_offloading_keeps_its_share_of_the_dynamic_part_and_costs_its_step_time(
     alone = Choice(None, None, 0, 1, offload="model")
     assert anchors.peak(alone) == 70 * MiB and anchors.step_s(alone) == 1.5
     assert alone.changes == 1
-    # with bf16 autocast: its 40 dynamic MiB keep the same half; the copies cost seconds by the
-    # bytes moved (40 of 60), added to bf16's faster compute, not a factor of it
+    # with bf16 autocast: what offloading keeps is taken in bytes (30 MiB, the loss's and a
+    # block's, which bf16 does not halve), the lesser beside bf16's own 40; the copies cost
+    # seconds by the bytes moved (40 of 60), added to bf16's faster compute, not a factor of it
     both = Choice("bf16-autocast", None, 0, 1, offload="model")
-    assert anchors.peak(both) == 40 * MiB + 20 * MiB
+    assert anchors.peak(both) == 40 * MiB + 30 * MiB
     assert abs(anchors.step_s(both) - (0.5 + 0.5 * 40 / 60)) < 1e-12
     # with every block checkpointed (15 of 60 MiB left to save), little is left to copy, and
     # what stays is the lesser of what each kept alone: here checkpointing's 15 MiB
@@ -125,6 +126,18 @@ def test_a_failed_confirmation_moves_its_family_by_its_error() -> None:
     same = [q.peak_bytes - p.peak_bytes for p, q in zip(points, moved, strict=True)]
     # the 8-bit twin shares the family (the optimizer's bytes are exact); bf16's do not
     assert same == [7 * MiB, 7 * MiB, 0, 0]
+    # the blocks' and the whole model's offloading leave alike floors: one family, apart from
+    # the same choice kept on the device
+    kept = Anchor(70 * MiB, 40 * MiB, 20 * MiB, 1.5)
+    offloaded = dataclasses.replace(anchors, offload={"model": kept, "blocks": kept})
+    where = [Choice(None, None, 4, 1, offload=w) for w in ("blocks", "model")]
+    alike = compose(offloaded, [*where, Choice(None, None, 4, 1)])
+    shifted = corrected(alike, alike[0], alike[0].peak_bytes + 5 * MiB)
+    assert [q.peak_bytes - p.peak_bytes for p, q in zip(alike, shifted, strict=True)] == [
+        5 * MiB,
+        5 * MiB,
+        0,
+    ]
     assert [p.choice for p in moved] == choices and [p.step_s for p in moved] == [
         p.step_s for p in points
     ]

@@ -18,8 +18,8 @@ as:
   precision, checkpointing or micro-batches);
 - with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
   part's share kept;
-- with activations offloaded (to the blocks' or the whole forward's extent): the dynamic part's
-  share that offloading alone kept, or what checkpointing kept where that is less (checkpointed
+- with activations offloaded (to the blocks' or the whole forward's extent): the dynamic bytes
+  that offloading alone kept, or what checkpointing kept where that is less (checkpointed
   blocks save only their inputs, and those are moved too), and the seconds its copies took
   alone, by the share of saved bytes still copied;
 - on N ranks: what the strategy alone changes of the worst rank's peak, added (its step time is
@@ -28,7 +28,7 @@ as:
 
 It ranks candidates; it is not the answer. The search confirms the winner with an estimate of its
 own before it says it fits. A candidate whose own estimate did not fit tells how far its family
-(the same precision, offloading, micro-batches, LoRA and ranks: composed alike) was off, and
+(the same precision, micro-batches, LoRA and ranks, offloaded or not: composed alike) was off, and
 :func:`corrected` moves the family's other points by as much before the next is taken.
 """
 
@@ -110,14 +110,14 @@ class Anchors:
         mine = self.precision[c.precision]
         optimizer = self.optimizer[c.optimizer].optimizer_bytes - self.base.optimizer_bytes
         static = mine.static_bytes + optimizer
-        share = self._kept(c)
-        if c.offload is not None:  # what it saves waits on the host: the share it kept
-            moved = self.offload[c.offload].dynamic_bytes / max(self.base.dynamic_bytes, 1)
+        dynamic = mine.dynamic_bytes * self._kept(c)
+        if c.offload is not None:
             # checkpointed blocks save their inputs alone, and offloading moves those too: what
-            # stays is the lesser of what checkpointing kept and what offloading alone kept (the
-            # rest of the model's activations, a block brought back or recomputed in backward)
-            share = min(share, self._kept(replace(c, blocks=0)) * moved)
-        dynamic = mine.dynamic_bytes * share
+            # stays is the lesser of what checkpointing kept and what offloading alone kept, in
+            # bytes (the rest of the model's activations, a block brought back or recomputed in
+            # backward; a lower precision shrinks the blocks' share of it, not the loss's)
+            floor = self.offload[c.offload].dynamic_bytes * self._kept(replace(c, blocks=0))
+            dynamic = min(dynamic, floor)
         if c.lora is not None and self.lora is not None:  # its gradients and state, the adapters'
             static += self.lora.static_bytes - self.base.static_bytes
             dynamic *= self.lora.dynamic_bytes / max(self.base.dynamic_bytes, 1)
@@ -207,10 +207,11 @@ def compose(anchors: Anchors, choices: Iterable[Choice]) -> list[Point]:
 
 
 def family(c: Choice) -> tuple[object, ...]:
-    """What a candidate's composition error carries over to: the same precision, offloading,
-    micro-batches, LoRA and ranks (the optimizer's bytes are static and exact; checkpointing is
-    interpolated, so it is left free)."""
-    return (c.precision, c.offload, c.accumulate, c.lora, c.group)
+    """What a candidate's composition error carries over to: the same precision, micro-batches,
+    LoRA and ranks, offloaded or not (the optimizer's bytes are static and exact; checkpointing
+    is interpolated and the blocks' and the whole model's offloading leave alike floors, so
+    they are left free)."""
+    return (c.precision, c.offload is not None, c.accumulate, c.lora, c.group)
 
 
 def corrected(points: Sequence[Point], wrong: Point, estimated_bytes: int) -> list[Point]:
