@@ -12,7 +12,7 @@ optimizer (AdamW, fused AdamW) x micro-batches (1, 2, 4): 36 configurations, eac
 shared by the budgets; the fastest fitting one is the mark the winner's step time is held to
 (within 10%). Step times of one configuration vary by about 10% from run to run, so after the
 search the winner and the grid's three fastest fitting configurations are measured again in turn,
-three rounds (``paired``): the winner's median against the fastest of theirs is the comparison
+three rounds, each round starting one further on (``paired``): the winner's median against the fastest of theirs is the comparison
 (``winner_vs_fastest_paired_pct``). ``--grid-from`` takes the grids of earlier runs of the same
 workload (merged) instead of measuring them again; ``--grid-part K/N`` measures one N-th of the
 grid, so that N GPUs share it. Each budget may run in its own process, one GPU each
@@ -166,8 +166,9 @@ def paired(trial: Any, winner: Any, contenders: list[Any]) -> dict[str, Any]:
     import statistics
 
     times: dict[str, list[float]] = {str(c): [] for c in [winner, *contenders]}
-    for _ in range(ROUNDS):
-        for config in [winner, *contenders]:
+    order = [winner, *contenders]
+    for r in range(ROUNDS):  # each round starts one further on: no one always goes first
+        for config in order[r % len(order) :] + order[: r % len(order)]:
             r = trial.run(config)
             if r.status == "ok" and r.step_s:
                 times[str(config)].append(r.step_s)
