@@ -3,11 +3,14 @@ accumulation x activation offloading, the cheapest candidate that fits a budget,
 own estimate.
 
 A handful of anchors are estimated on fake tensors (and, where the model holds weights, timed
-with nothing tracked, from one saved copy of the user's state): each precision alone, each optimizer variant alone, each precision with
-every block checkpointed and with the most micro-batches, and each offloading alone (on a GPU:
-on the CPU it moves nothing). An anchor's estimate warms up by its optimizer step alone (the
-same allocated peak at about half the cost); a timed precision that another beats alone on
-bytes and time is not combined with checkpointing or micro-batches. A TF32 anchor takes the fp32 one's estimate (TF32 changes how
+with nothing tracked, from one saved copy of the user's state): each precision alone, each
+optimizer variant alone, each precision with every block checkpointed and with the most
+micro-batches, and each offloading alone (on a GPU: on the CPU it moves nothing; the whole
+model's first, so that the blocks' reuses the host memory it pinned, and one step timed, its
+copies' seconds being steady; the pinned memory is given back when the search ends). An
+anchor's estimate warms up by its optimizer step alone (the same allocated peak at about half
+the cost); a timed precision that another beats alone on bytes and time is not combined with
+checkpointing or micro-batches. A TF32 anchor takes the fp32 one's estimate (TF32 changes how
 matmuls round, not what they allocate), and fp16 autocast is left out (its loss scaling reads
 values that fake tensors do not have). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
