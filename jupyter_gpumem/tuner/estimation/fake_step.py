@@ -219,13 +219,17 @@ def run_of(
     (outside PyTorch's allocator) are in none of them."""
     out = log.left_out
     first, clock, live, reachable = window
+    events = log.events
+    if out:  # a paged optimizer's state: drop it everywhere, and count the window anew
+        first -= sum(1 for e in events[:first] if e[1] in out)
+        events = [e for e in events if e[1] not in out]
     return FakeRun(
         device=str(device),
         sizes=tuple(log.sizes),
         real=dict(log.real),
         existing=tuple(i for i in log.existing if i not in out),
-        events=tuple(e for e in log.events if e[1] not in out),
-        window=first - sum(1 for e in log.events[:first] if e[1] in out),
+        events=tuple(events),
+        window=first,
         window_clock=clock,
         live_at_window=tuple(i for i in live if i not in out),
         reachable=frozenset(reachable - out),
