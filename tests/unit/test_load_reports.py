@@ -36,7 +36,7 @@ def _write(path: Path, data: Any) -> Path:
     return path
 
 
-def _refused(path: Path, *fragments: str) -> str:
+def _assert_refused(path: Path, *fragments: str) -> str:
     with pytest.raises(ValueError) as raised:
         load_reports(path)
     message = str(raised.value)
@@ -81,40 +81,46 @@ def test_a_bad_field_names_the_file_the_field_and_what_is_allowed(
     tmp_path: Path, field: str, value: Any, said: str
 ) -> None:
     path = _write(tmp_path / "run.rank0.json", {**_rank(0), field: value})
-    assert _refused(path, said) == f"{path}: {said}"
+    assert _assert_refused(path, said) == f"{path}: {said}"
 
 
-def test_nan_seconds_are_refused(tmp_path: Path) -> None:
+def test_nan_seconds_are_assert_refused(tmp_path: Path) -> None:
     text = json.dumps({**_rank(0), "wall_s": float("nan")})
     assert '"wall_s": NaN' in text  # what json.dump writes, and json.load reads back
     path = _write(tmp_path / "run.rank0.json", text)
-    _refused(path, "wall_s must be a finite number of seconds (0 or more), got nan")
+    _assert_refused(path, "wall_s must be a finite number of seconds (0 or more), got nan")
 
 
 def test_nested_fields_are_named_by_their_path(tmp_path: Path) -> None:
     data = _rank(0)
     data["devices"][0]["peak_allocated_bytes"] = "1GiB"
-    _refused(
+    _assert_refused(
         _write(tmp_path / "a.json", data),
         "devices[0].peak_allocated_bytes must be a whole number of bytes (0 or more), got '1GiB'",
     )
     data = _rank(0)
     data["devices"][0]["timeline"]["t_s"][3] = None
-    _refused(_write(tmp_path / "b.json", data), "devices[0].timeline.t_s[3] must be a finite")
+    _assert_refused(
+        _write(tmp_path / "b.json", data), "devices[0].timeline.t_s[3] must be a finite"
+    )
     data = _rank(0)
     data["devices"][0]["breakdown"]["activations"] = 1.5
-    _refused(_write(tmp_path / "c.json", data), "devices[0].breakdown['activations'] must be")
+    _assert_refused(
+        _write(tmp_path / "c.json", data), "devices[0].breakdown['activations'] must be"
+    )
     data = _rank(0)
     del data["devices"][0]["source"]
-    _refused(_write(tmp_path / "d.json", data), "devices[0] lacks source, which a device has")
+    _assert_refused(
+        _write(tmp_path / "d.json", data), "devices[0] lacks source, which a device has"
+    )
     data = _rank(0)
     del data["id"], data["wall_s"]
-    _refused(_write(tmp_path / "e.json", data), "the report lacks id, wall_s")
+    _assert_refused(_write(tmp_path / "e.json", data), "the report lacks id, wall_s")
 
 
 def test_a_newer_schema_is_refused_with_the_way_out(tmp_path: Path) -> None:
     path = _write(tmp_path / "run.rank0.json", {**_rank(0), "schema": 99})
-    _refused(path, f"report schema 99 is newer than this jupyter_gpumem reads (schemas 1 to {SCHEMA})",
+    _assert_refused(path, f"report schema 99 is newer than this jupyter_gpumem reads (schemas 1 to {SCHEMA})",
              "upgrade jupyter_gpumem")  # fmt: skip
 
 
@@ -126,44 +132,46 @@ def test_ranks_nest_only_a_few_levels(tmp_path: Path) -> None:
         return data
 
     assert load_reports(_write(tmp_path / "ok.json", nested(MAX_RANK_DEPTH))).ranks
-    _refused(
+    _assert_refused(
         _write(tmp_path / "deep.json", nested(MAX_RANK_DEPTH + 1)),
         "ranks[0].ranks[0].ranks is nested more than 2 levels deep",
     )
     deepest = '{"ranks": [' * 3000 + json.dumps(_rank(0)) + "]}" * 3000  # json.dumps recurses
-    _refused(_write(tmp_path / "deepest.json", deepest), "its JSON nests too deeply")
-    _refused(
+    _assert_refused(_write(tmp_path / "deepest.json", deepest), "its JSON nests too deeply")
+    _assert_refused(
         _write(tmp_path / "ranks.json", {**_rank(0), "ranks": {"0": _rank(0)}}),
         "ranks must be a list, got an object",
     )
 
 
-def test_a_deep_module_tree_is_refused(tmp_path: Path) -> None:
+def test_a_deep_module_tree_is_assert_refused(tmp_path: Path) -> None:
     tree: dict[str, Any] = {"path": "", "bytes": {}}
     for _ in range(100):
         tree = {"path": "m", "bytes": {"activations": 1}, "children": [tree]}
     data = _rank(0)
     data["devices"][0]["module_tree"] = tree
-    _refused(_write(tmp_path / "run.json", data), "devices[0].module_tree.children[0]", "64 levels")
+    _assert_refused(
+        _write(tmp_path / "run.json", data), "devices[0].module_tree.children[0]", "64 levels"
+    )
 
 
 def test_what_is_echoed_is_capped(tmp_path: Path) -> None:
     path = _write(tmp_path / "run.rank0.json", {**_rank(0), "wall_s": "x" * 100_000})
-    message = _refused(path, "wall_s must be a finite number")
+    message = _assert_refused(path, "wall_s must be a finite number")
     assert len(message) < len(str(path)) + 120, message
     data = _rank(0)
     data["devices"][0]["breakdown"] = {"k" * 10_000: "v"}
-    assert len(_refused(_write(tmp_path / "b.json", data))) < len(str(path)) + 200
+    assert len(_assert_refused(_write(tmp_path / "b.json", data))) < len(str(path)) + 200
     with pytest.raises(FileNotFoundError) as raised:
         load_reports([str(tmp_path / f"missing{i}.json") for i in range(10_000)])
     assert len(str(raised.value)) < 200
 
 
 def test_not_json_and_not_an_object_are_said_so(tmp_path: Path) -> None:
-    _refused(_write(tmp_path / "a.json", "{not json"), "is not a report: it is not JSON")
-    _refused(_write(tmp_path / "b.json", "[1, 2]"), "it holds a list, not a JSON object")
+    _assert_refused(_write(tmp_path / "a.json", "{not json"), "is not a report: it is not JSON")
+    _assert_refused(_write(tmp_path / "b.json", "[1, 2]"), "it holds a list, not a JSON object")
     (tmp_path / "c.json").write_bytes(b"\xff\xfe{}")
-    _refused(tmp_path / "c.json", "it is not UTF-8 text")
+    _assert_refused(tmp_path / "c.json", "it is not UTF-8 text")
 
 
 def test_one_bad_file_in_a_folder_is_skipped_with_a_warning(tmp_path: Path) -> None:
