@@ -126,11 +126,14 @@ class PeakCounters:
         """The interval's exact peak allocated and reserved; the interval ends."""
         with self._lock:
             if interval.open:
-                stats = self._raw(interval.device)
-                interval.allocated = max(interval.allocated, _get(stats, "allocated_bytes", "peak"))
-                interval.reserved = max(interval.reserved, _get(stats, "reserved_bytes", "peak"))
-                interval.open = False
-                self._intervals = [i for i in self._intervals if i is not interval]
+                try:
+                    stats = self._raw(interval.device)
+                    peak = _get(stats, "allocated_bytes", "peak")
+                    interval.allocated = max(interval.allocated, peak)
+                    interval.reserved = max(interval.reserved, _get(stats, "reserved_bytes", "peak"))
+                finally:  # an interrupt while reading still ends the interval
+                    interval.open = False
+                    self._intervals = [i for i in self._intervals if i is not interval]
         return interval.allocated, interval.reserved
 
     # -- internals ---------------------------------------------------------------------

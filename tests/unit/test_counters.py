@@ -101,6 +101,27 @@ def test_an_interval_keeps_its_own_peak_through_the_users_resets(
     assert counters.close(interval) == (600, 1200)
 
 
+def test_an_interval_interrupted_while_closing_still_ends(fake: tuple[Any, Allocator]) -> None:
+    torch, alloc = fake
+    counters = PeakCounters()
+    counters.install(torch)
+    interval = counters.open(0)
+    alloc.alloc(300)
+    stats = torch._C._cuda_memoryStats
+
+    def interrupted(device: int) -> dict[str, Any]:
+        raise KeyboardInterrupt  # Ctrl-C while the cell's counters are read
+
+    torch._C._cuda_memoryStats = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        counters.close(interval)
+    torch._C._cuda_memoryStats = stats
+    assert not interval.open and counters._intervals == []
+    later = counters.open(0)  # the next cell's interval is the only one, with its own peak
+    alloc.alloc(100)
+    assert counters._intervals == [later] and counters.close(later)[0] == 400
+
+
 def test_the_user_still_sees_the_peak_our_reset_took_away(fake: tuple[Any, Allocator]) -> None:
     torch, alloc = fake
     counters = PeakCounters()
