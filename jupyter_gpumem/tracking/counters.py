@@ -128,9 +128,10 @@ class PeakCounters:
             if interval.open:
                 try:
                     stats = self._raw(interval.device)
-                    peak = _get(stats, "allocated_bytes", "peak")
-                    interval.allocated = max(interval.allocated, peak)
-                    interval.reserved = max(interval.reserved, _get(stats, "reserved_bytes", "peak"))
+                    allocated = _get(stats, "allocated_bytes", "peak")
+                    reserved = _get(stats, "reserved_bytes", "peak")
+                    interval.allocated = max(interval.allocated, allocated)
+                    interval.reserved = max(interval.reserved, reserved)
                 finally:  # an interrupt while reading still ends the interval
                     interval.open = False
                     self._intervals = [i for i in self._intervals if i is not interval]
