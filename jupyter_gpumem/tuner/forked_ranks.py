@@ -365,8 +365,18 @@ def _measure_rank(
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
 
-        result = measure_steps(own, config, applied, before_measured=reset_peak)
-        own_peak = torch.cuda.max_memory_allocated(device) if cuda else None
+        peaks: list[int] = []  # read when the measured steps end, before the timed ones
+
+        def read_peak() -> None:
+            if cuda:
+                peaks.append(torch.cuda.max_memory_allocated(device))
+
+        result = measure_steps(
+            own, config, applied, before_measured=reset_peak, after_measured=read_peak
+        )
+        if cuda and not peaks:  # a failed step: the peak up to it
+            read_peak()
+        own_peak = peaks[0] if peaks else None
         return {
             "report": result.report.to_dict() if result.report is not None else None,
             "status": result.status,

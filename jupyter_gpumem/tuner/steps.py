@@ -1,10 +1,10 @@
 """Measure a workload's training steps in this process, as `%%gpumem` would measure a cell.
 
 Warm-up steps run under their own tracker (their report is built only if one fails), then the
-measured steps: exact peak and breakdown from the same recorder and analysis as the magic.
-Step times include the tracker's cost: small with the CUDA allocator trace, large with the CPU
-stand-in, so CPU timings only compare configurations with each other. :func:`time_config` times
-steps with no tracker at all, for a search that only needs a configuration's step time.
+measured steps: exact peak and breakdown from the same recorder and analysis as the magic. The
+step time comes from as many steps again with nothing tracked, since the tracker's cost varies
+with the number of allocations (checkpointing makes more of them) and would tilt comparisons.
+:func:`time_config` times steps alone, for a search that only needs a configuration's step time.
 """
 
 from __future__ import annotations
@@ -50,15 +50,10 @@ def time_config(workload: Workload, config: Config, steps: int) -> Timing:
     except Exception as exc:
         return Timing(None, f"{type(exc).__name__}: {exc}")
     try:
-        times = [_timed_step(workload, applied) for _ in range(1 + steps)]
-    except Exception as exc:
-        if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)
-        release(sys.modules["torch"], collect=True)
-        return Timing(None, f"{type(exc).__name__}: {exc}")
+        times, error = _untracked_times(workload, applied, 1 + steps)
     finally:
         applied.revert()
-    return Timing(statistics.median(times[1:]))
+    return Timing(None, error) if error is not None else Timing(statistics.median(times[1:]))
 
 
 def measure_steps(
@@ -66,8 +61,10 @@ def measure_steps(
     config: Config,
     applied: Applied,
     before_measured: Callable[[], Any] | None = None,
+    after_measured: Callable[[], Any] | None = None,
 ) -> TrialResult:
-    """Warm up, then measure; ``before_measured`` runs between the two (a rank resets its peak)."""
+    """Warm up, measure, then time; ``before_measured`` and ``after_measured`` run around the
+    measured steps (a rank resets and reads its own peak)."""
     notes = tuple(applied.warnings)
     for phase, count in (("warm-up", workload.warmup), ("measured", workload.steps)):
         if phase == "measured" and before_measured is not None:
@@ -79,7 +76,26 @@ def measure_steps(
             where = f"{phase} step {step + 1} of {count}"
             return failed(config, error, where, report, workload.device, notes)
     assert report is not None
-    return result_of(config, report, workload.device, times=times, notes=notes)
+    if after_measured is not None:
+        after_measured()
+    untracked, timing_error = _untracked_times(workload, applied, workload.steps)
+    if timing_error is not None:  # the memory was measured: keep it, with the tracked times
+        notes = (*notes, f"the untracked steps failed ({timing_error}): the step time includes "
+                 "the memory tracker's cost")  # fmt: skip
+    return result_of(config, report, workload.device, times=untracked or times, notes=notes)
+
+
+def _untracked_times(
+    workload: Workload, applied: Applied, count: int
+) -> tuple[list[float], str | None]:
+    """``count`` steps timed with nothing tracked; on a failure, none and the reason."""
+    try:
+        return [_timed_step(workload, applied) for _ in range(count)], None
+    except Exception as exc:
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)
+        release(sys.modules["torch"], collect=True)
+        return [], f"{type(exc).__name__}: {exc}"
 
 
 def _phase(

@@ -21,9 +21,9 @@ from jupyter_gpumem.widgets.chart_labels import short_names
 __all__ = ["CPU_STEPS", "FAR_OFF", "choice_line", "kept_line", "plan_html", "step_caveats"]
 
 CPU_STEPS = (
-    "On the CPU, every measured step includes the memory tracker's cost (it records each "
-    "tensor allocation), so step times compare configurations with each other only, not with "
-    "how fast training runs."
+    "On the CPU, a re-run cell's steps include the memory tracker's cost (it records each "
+    "tensor allocation), so their step times compare configurations with each other only, not "
+    "with how fast training runs."
 )
 
 
@@ -84,8 +84,8 @@ def kept_line(allowed: Collection[str]) -> str | None:
     )
 
 
-def step_caveats(predicted_s: float | None, measured_s: float | None, *, on_cpu: bool) -> list[str]:
-    """Why the step times should be read with care: far from their prediction, or on the CPU."""
+def step_caveats(predicted_s: float | None, measured_s: float | None) -> list[str]:
+    """Why the step times should be read with care: the measured far from the predicted."""
     out = []
     if predicted_s and measured_s:
         ratio = measured_s / predicted_s
@@ -96,8 +96,6 @@ def step_caveats(predicted_s: float | None, measured_s: float | None, *, on_cpu:
                 f"{_ms(predicted_s)}): the prediction comes from the planner's shorter runs and "
                 "its model of the recomputation; trust the measurement."
             )
-    if on_cpu:
-        out.append(CPU_STEPS)
     return out
 
 
@@ -106,7 +104,6 @@ def plan_html(
     *,
     precision_now: str | None = None,
     optimizer_now: str | None = None,
-    on_cpu: bool = False,
     allowed: Collection[str] = ("checkpoint", "precision", "optimizer"),
 ) -> str:
     """A plan (``Plan.to_dict()``): what it chose, its prediction beside its measurement, the
@@ -119,9 +116,8 @@ def plan_html(
         return "" if value is None else "yes" if value else "no"
 
     caveats = step_caveats(
-        plan.get("predicted_step_s"), plan.get("measured_step_s") if measured else None,
-        on_cpu=on_cpu,
-    )  # fmt: skip
+        plan.get("predicted_step_s"), plan.get("measured_step_s") if measured else None
+    )
     far = any(c.startswith("*") for c in caveats)
     rows = [
         ("peak", format_bytes(plan.get("predicted_peak_bytes")),

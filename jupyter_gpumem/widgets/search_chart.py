@@ -26,7 +26,6 @@ from bqplot import Axis, Figure, LinearScale, Lines, Scatter, Tooltip
 from jupyter_gpumem.techniques import Config
 from jupyter_gpumem.units import format_bytes, format_seconds
 from jupyter_gpumem.widgets.chart_labels import chart_label, cut
-from jupyter_gpumem.widgets.plan_view import CPU_STEPS
 from jupyter_gpumem.widgets.tuner_charts import TITLE_STYLE, padded_range
 
 if TYPE_CHECKING:
@@ -208,7 +207,7 @@ def legend_html(marks: SearchMarks) -> str:
     return f'<div style="color:inherit;padding-left:8px;{LINES}">{"".join(lines)}</div>'
 
 
-def reasoning_html(found: Search, *, on_cpu: bool = False, unmeasured: str = "") -> str:
+def reasoning_html(found: Search, *, unmeasured: str = "") -> str:
     """The search's reasoning, its first line (what it keeps of the training math) in bold, then
     the winner's measurement (or ``unmeasured``: why there is none) and what to do next."""
     lines = list(found.reasoning)
@@ -223,8 +222,6 @@ def reasoning_html(found: Search, *, on_cpu: bool = False, unmeasured: str = "")
         lines.append(unmeasured)
     if found.config is not None:
         lines.append("The panel now shows the winner: press Apply to use it.")
-    if on_cpu:
-        lines.append(CPU_STEPS)
     first, *rest = (html.escape(line) for line in lines)
     body = "".join(f"<div>{line}</div>" for line in rest)
     return (

@@ -33,8 +33,9 @@ says so.
 
 "Fit to budget" changes what "fit may change" allows: checkpointing and precision by default,
 the optimizer only when ticked, since it is the user's training math. Its first line says what
-it chose and what it kept. On the CPU the panel says that step times include the tracker's
-cost, so they compare configurations with each other only.
+it chose and what it kept. A trial times its steps with nothing tracked; re-run cells are timed
+under the tracker, and on the CPU the panel says that their step times compare configurations
+with each other only.
 
 Known limitations:
     - Re-running the user's cell under fp16 autocast scales the loss only if the loop calls
@@ -47,8 +48,8 @@ Known limitations:
     - The per-rank chart shows one set of techniques: those of the latest "Will it fit on N
       GPUs?" or parallel measurement. Runs of other techniques stay in the table, estimates of
       other techniques in ``tuner.gpu_estimates``.
-    - On the CPU, every measured step includes the CPU tracker's cost, and predicted step
-      times can be far from the measured ones; the panel says so beside them.
+    - On the CPU, a re-run cell's steps include the CPU tracker's cost; the panel says so
+      beside them.
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ class Tuner(widgets.VBox):
     def text(self) -> str:
         """The results table as fixed-width text (on the CPU, with what its step times mean)."""
         table = rows_text(self.rows)
-        return f"{table}\n{CPU_STEPS}" if self.on_cpu and self.results else table
+        return f"{table}\n{CPU_STEPS}" if self.tracked_steps and self.results else table
 
     @property
     def on_cpu(self) -> bool:
@@ -354,6 +355,12 @@ class Tuner(widgets.VBox):
             first = next(iter(self.model.parameters()), None)
             device = None if first is None else first.device
         return getattr(device, "type", device) == "cpu"
+
+    @property
+    def tracked_steps(self) -> bool:
+        """Whether step times carry the tracker's cost: re-run cells on the CPU (a trial times
+        its steps with nothing tracked)."""
+        return self.trial is None and self.on_cpu
 
     def _chart_label(self, r: TrialResult) -> str:
         full = str(r.config)
@@ -415,7 +422,7 @@ class Tuner(widgets.VBox):
         if chosen:
             self.set(chosen[-1])
             lines.append("The panel now shows it: press Apply to use it.")
-        if self.on_cpu:
+        if self.tracked_steps:
             lines.append(CPU_STEPS)
         first, *rest = (html.escape(line) for line in lines)
         self.panel.fit_text.value = f"<b>{first}</b><br>" + "<br>".join(rest)
@@ -464,9 +471,7 @@ class Tuner(widgets.VBox):
             self.set(found.config)
         self.panel.fit_text.value = ""  # the panel shows one answer: this search's
         unmeasured = UNMEASURED if not weights else ""
-        self.panel.show_search(
-            found, reasoning_html(found, on_cpu=self.on_cpu, unmeasured=unmeasured)
-        )
+        self.panel.show_search(found, reasoning_html(found, unmeasured=unmeasured))
         self.panel.status.value = (
             "searched: nothing fits"
             if found.config is None
@@ -510,7 +515,6 @@ class Tuner(widgets.VBox):
             plan.to_dict(),
             precision_now=now["precision_now"],
             optimizer_now=now["optimizer_now"],
-            on_cpu=self.on_cpu,
             allowed=techniques,
         )
         self.panel.status.value = "planned and verified" if plan.result else "planned"
@@ -640,7 +644,7 @@ class Tuner(widgets.VBox):
             self.optimizer_name,
             precision_now=precision_name(self.model),
             optimizer_now=optimizer_name(self._ns.get(self.optimizer_name)),
-            on_cpu=self.on_cpu,
+            tracked_steps=self.tracked_steps,
             trial=self.trial is not None,
             inference=self.trial is not None and self.trial.inference,
         )

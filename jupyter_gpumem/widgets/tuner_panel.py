@@ -84,7 +84,7 @@ class Panel:
         *,
         precision_now: str | None = None,
         optimizer_now: str | None = None,
-        on_cpu: bool = False,
+        tracked_steps: bool = False,
         trial: bool = False,
         inference: bool = False,
     ) -> None:
@@ -206,8 +206,8 @@ class Panel:
         self.status = widgets.Label("not measured yet")
         self.messages = widgets.HTML()
         self.table = widgets.HTML(rows_html([]))
-        # a standing note under the table: CPU step times carry the tracker's cost
-        self.steps_note = widgets.HTML(_muted(CPU_STEPS) if on_cpu else "")
+        # a standing note under the table: cells re-run on the CPU carry the tracker's cost
+        self.steps_note = widgets.HTML(_muted(CPU_STEPS) if tracked_steps else "")
         self.fit_text = widgets.HTML()
         # what Search found: its reasoning beside the chart of its front; empty until then
         self.search_text = widgets.HTML(layout=widgets.Layout(flex="1 1 0", padding="0 0 0 12px"))

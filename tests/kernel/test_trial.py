@@ -120,6 +120,24 @@ def test_peak_and_breakdown_equal_a_gpumem_cell(shell: InteractiveShell) -> None
     assert len(res.step_s_all) == 3 and res.step_s == sorted(res.step_s_all)[1]
 
 
+def test_step_times_come_from_untracked_steps_after_the_measured_ones() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    tracked: list[bool] = []  # per forward: whether the CPU tracker's dispatch mode is on
+
+    def loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        tracked.append(bool(_get_current_dispatch_mode_stack()))
+        return _loss(model, batch)
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    res = Trial(model, torch.randn(8, 16), loss, optimizer=opt, warmup=1, steps=3).run(Config())
+    assert res.status == "ok" and res.peak_allocated_bytes
+    # warm-up and measured steps tracked, then as many timed with nothing tracked
+    assert tracked == [True] * 4 + [False] * 3
+    assert len(res.step_s_all) == 3 and res.step_s == sorted(res.step_s_all)[1]
+
+
 def test_model_optimizer_and_rng_are_restored_bit_for_bit(
     trained: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor],
 ) -> None:
@@ -148,7 +166,8 @@ def test_trials_start_from_the_same_state(
     for _ in range(2):
         losses.append([])
         runs.append(trial.run(Config()))
-    assert losses[0] == losses[1] and len(losses[0]) == 4  # dropout draws the same numbers
+    # warm-up, measured and timed steps; dropout draws the same numbers
+    assert losses[0] == losses[1] and len(losses[0]) == 1 + 3 + 3
     assert losses[0][0] != losses[0][1]  # the steps do train
     assert runs[0].peak_allocated_bytes == runs[1].peak_allocated_bytes
     assert runs[0].breakdown == runs[1].breakdown

@@ -34,8 +34,10 @@ ROW: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _panel(blocks: list[str] = BLOCKS, *, on_cpu: bool = False) -> Panel:
-    return Panel("<b>t</b>", MODULES, blocks, "opt", optimizer_now="adamw", on_cpu=on_cpu)
+def _panel(blocks: list[str] = BLOCKS, *, tracked_steps: bool = False) -> Panel:
+    return Panel(
+        "<b>t</b>", MODULES, blocks, "opt", optimizer_now="adamw", tracked_steps=tracked_steps
+    )
 
 
 def _values(panel: Panel) -> list[str]:
@@ -95,9 +97,9 @@ def test_fit_keeps_the_optimizer_by_default() -> None:
     assert {n: box.value for n, box in panel.fit_techniques.items()} == FIT_TECHNIQUES
 
 
-def test_step_times_on_the_cpu_have_a_standing_note() -> None:
+def test_step_times_timed_under_the_tracker_have_a_standing_note() -> None:
     assert "step times compare configurations with each other only" in (
-        _panel(on_cpu=True).steps_note.value
+        _panel(tracked_steps=True).steps_note.value
     )
-    assert CPU_STEPS.split(",")[0] in _panel(on_cpu=True).steps_note.value
+    assert CPU_STEPS.split(",")[0] in _panel(tracked_steps=True).steps_note.value
     assert _panel().steps_note.value == ""

@@ -297,6 +297,6 @@ def verified_line(
         line += (
             f" The measured step time is {r.step_s / predicted_step:.2g} times the predicted "
             "one: the prediction comes from shorter runs and a model of the recomputation, so "
-            "trust the measurement (on the CPU, steps also carry the tracker's cost)."
+            "trust the measurement."
         )
     return line
