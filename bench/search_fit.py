@@ -12,7 +12,7 @@ optimizer (AdamW, fused AdamW) x micro-batches (1, 2, 4): 36 configurations, eac
 shared by the budgets; the fastest fitting one is the mark the winner's step time is held to
 (within 10%). Step times of one configuration vary by about 10% from run to run, so after the
 search the winner and the grid's three fastest fitting configurations are measured again in turn,
-three rounds, each round starting one further on (``paired``): the winner's median against the fastest of theirs is the comparison
+five rounds, each round starting one further on (``paired``): the winner's median against the fastest of theirs is the comparison
 (``winner_vs_fastest_paired_pct``). ``--grid-from`` takes the grids of earlier runs of the same
 workload (merged) instead of measuring them again; ``--grid-part K/N`` measures one N-th of the
 grid, so that N GPUs share it. Each budget may run in its own process, one GPU each
@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORKLOADS = ("gpt2-medium", "vit-l16")
-ROUNDS = 3  # the winner and the grid's fastest fitting configurations, measured in turn
+ROUNDS = 5  # the winner and the grid's fastest fitting configurations, measured in turn
 CONTENDERS = 3  # the grid's fastest fitting configurations measured again beside the winner
 
 
