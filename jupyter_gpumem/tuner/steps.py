@@ -92,9 +92,7 @@ def _untracked_times(
     try:
         return [_timed_step(workload, applied) for _ in range(count)], None
     except Exception as exc:
-        if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)
-        release(sys.modules["torch"], collect=True)
+        _let_go(exc)
         return [], f"{type(exc).__name__}: {exc}"
 
 
@@ -156,7 +154,12 @@ def failed(
     """An out-of-memory or failed trial; its frames are cleared so their tensors can be freed."""
     status = status_of(error)
     message = f"{type(error).__name__}: {error} ({where})"
+    _let_go(error)
+    return result_of(config, report, device, notes=notes, status=status, error=message)
+
+
+def _let_go(error: BaseException) -> None:
+    """Clear the frames of a failed step's traceback and free the tensors they held."""
     if error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
     release(sys.modules["torch"], collect=True)
-    return result_of(config, report, device, notes=notes, status=status, error=message)

@@ -342,7 +342,8 @@ class Tuner(widgets.VBox):
         ]
 
     def text(self) -> str:
-        """The results table as fixed-width text (on the CPU, with what its step times mean)."""
+        """The results table as fixed-width text (cells re-run on the CPU: with what their step
+        times mean)."""
         table = rows_text(self.rows)
         return f"{table}\n{CPU_STEPS}" if self.tracked_steps and self.results else table
 

@@ -138,6 +138,31 @@ def test_step_times_come_from_untracked_steps_after_the_measured_ones() -> None:
     assert len(res.step_s_all) == 3 and res.step_s == sorted(res.step_s_all)[1]
 
 
+def test_a_failed_untracked_step_keeps_the_measured_memory_and_says_so() -> None:
+    calls = 0
+
+    def loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 5:  # the first step after the warm-up and the three measured ones
+            raise RuntimeError("the data loader ran dry")
+        return _loss(model, batch)
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    trial = Trial(model, torch.randn(8, 16), loss, optimizer=opt, warmup=1, steps=3)
+    res = trial.run(Config())
+    calls = -100  # the next run steps freely
+    again = trial.run(Config())
+    assert res.status == "ok" and res.peak_allocated_bytes == again.peak_allocated_bytes
+    assert res.breakdown == again.breakdown and len(res.step_s_all) == 3  # the tracked times
+    assert any(
+        "the untracked steps failed (RuntimeError: the data loader ran dry)" in w
+        for w in res.warnings
+    )
+    assert not any("untracked" in w for w in again.warnings)
+
+
 def test_model_optimizer_and_rng_are_restored_bit_for_bit(
     trained: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor],
 ) -> None:
