@@ -2,8 +2,9 @@
 
 Warm-up steps run under their own tracker (their report is built only if one fails), then the
 measured steps: exact peak and breakdown from the same recorder and analysis as the magic. The
-step time comes from as many steps again with nothing tracked, since the tracker's cost varies
-with the number of allocations (checkpointing makes more of them) and would tilt comparisons.
+step time comes from as many steps again with nothing tracked (``TIMED_STEPS`` at most: a long
+run pays three steps more, not twice its steps), since the tracker's cost varies with the number
+of allocations (checkpointing makes more of them) and would tilt comparisons.
 :func:`time_config` times steps alone, for a search that only needs a configuration's step time.
 """
 
@@ -22,6 +23,8 @@ from jupyter_gpumem.techniques import Applied, Config, apply_config
 from jupyter_gpumem.tuner.results import TrialResult, result_of
 from jupyter_gpumem.tuner.saved_state import release
 from jupyter_gpumem.tuner.workload import Workload
+
+TIMED_STEPS = 3  # the most untracked steps a measured run times, after its measured ones
 
 
 def measure_config(workload: Workload, config: Config) -> TrialResult:
@@ -78,7 +81,8 @@ def measure_steps(
     assert report is not None
     if after_measured is not None:
         after_measured()
-    untracked, timing_error = _untracked_times(workload, applied, workload.steps)
+    timed = min(workload.steps, TIMED_STEPS)
+    untracked, timing_error = _untracked_times(workload, applied, timed)
     if timing_error is not None:  # the memory was measured: keep it, with the tracked times
         notes = (*notes, f"the untracked steps failed ({timing_error}): the step time includes "
                  "the memory tracker's cost")  # fmt: skip

@@ -46,8 +46,8 @@ class Trial:
 
     Each trial starts from the user's weights and buffers, with no gradients, empty optimizer
     state and the same random state; after the last, all of it is as it was, bit for bit. A run
-    takes ``warmup`` steps, then ``steps`` tracked steps for the memory, then ``steps`` more with
-    nothing tracked for the step time.
+    takes ``warmup`` steps, then ``steps`` tracked steps for the memory, then as many more (three
+    at most) with nothing tracked for the step time.
 
     ``inference=True`` makes an inference trial: each step is the forward alone,
     ``loss_fn(model, batch)`` returning the outputs (no backward, no optimizer), and
