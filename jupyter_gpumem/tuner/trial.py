@@ -167,6 +167,7 @@ class Trial:
         allow: Sequence[str] = (),
         parallel: str | None = None,
         world_size: int = 1,
+        count_held: bool = True,
     ) -> Plan:
         """The configuration with the least predicted step time that fits ``budget``.
 
@@ -175,10 +176,19 @@ class Trial:
         ``world_size``, it plans for that many ranks, measured as ``run()`` measures them,
         the budget per rank. See :mod:`jupyter_gpumem.tuner.planning.plan`;
         ``plan.verify()`` measures it. For a model on the meta device: the fewest changes
-        estimated to fit, step times unknown (:mod:`jupyter_gpumem.tuner.planning.unmeasured`).
+        estimated to fit, step times unknown (:mod:`jupyter_gpumem.tuner.planning.unmeasured`);
+        ``count_held`` as in :meth:`estimate`, for those estimates.
         """
         self._training_only("plan()")
-        return plan(self, budget, techniques, allow=allow, parallel=parallel, world_size=world_size)
+        return plan(
+            self,
+            budget,
+            techniques,
+            allow=allow,
+            parallel=parallel,
+            world_size=world_size,
+            count_held=count_held,
+        )
 
     def search(
         self,
@@ -187,16 +197,27 @@ class Trial:
         allow: Sequence[str] = (),
         measure: bool | None = None,
         world_sizes: Sequence[int] = (1,),
+        count_held: bool = True,
     ) -> Search:
         """The cheapest combination of checkpointed blocks, precision, optimizer variant and
         gradient accumulation estimated within ``budget``, keeping the training math unless
         ``allow`` names "optimizer" or "pure-bf16"; with ``world_sizes`` beyond 1, DDP and
         FSDP2 on those ranks too (the budget per rank, the fewest GPUs first). See
-        :mod:`jupyter_gpumem.tuner.planning.joint`; ``search.verify()`` measures the winner."""
+        :mod:`jupyter_gpumem.tuner.planning.joint`; ``search.verify()`` measures the winner.
+        ``count_held`` as in :meth:`estimate`."""
         self._training_only("search()")
-        return search(self, budget, allow=allow, measure=measure, world_sizes=world_sizes)
+        return search(
+            self,
+            budget,
+            allow=allow,
+            measure=measure,
+            world_sizes=world_sizes,
+            count_held=count_held,
+        )
 
-    def estimate(self, batch: Any = None, *, gpu: str | None = None, **config: Any) -> Estimate:
+    def estimate(
+        self, batch: Any = None, *, gpu: str | None = None, count_held: bool = True, **config: Any
+    ) -> Estimate:
         """The peak ``run()`` would measure, predicted on fake tensors; nothing runs on the GPU.
 
         ``config`` holds ``checkpoint=``, ``every=``, ``precision=``, ``optimizer=`` (as in
@@ -204,13 +225,18 @@ class Trial:
         On a GPU the estimate carries its verdict (does it fit?) on the card present, or on
         ``gpu``, a card by name (``"H100-80GB"``, ``"A100-40GB"``, ``"L4"``, ...; see
         :mod:`jupyter_gpumem.tuner.estimation.cards`). A later ``run()`` of the same
-        configuration and batch carries the estimate. See
+        configuration and batch carries the estimate. What the process already holds on the
+        GPU is counted (the run finds it there) and named ``held_before``; ``count_held=False``
+        leaves it out (a fresh process), and a verdict for another card never counts it. See
         :mod:`jupyter_gpumem.tuner.estimation.predict`.
         """
         chosen = config_of(config)
         check_config(self.workload, chosen)
-        found = estimate_workload(self.workload, chosen, batch=batch, gpu=gpu)
-        if (batch is None or batch is self.batch) and found.peak_bytes is not None and gpu is None:
+        found = estimate_workload(
+            self.workload, chosen, batch=batch, gpu=gpu, count_held=count_held
+        )
+        same_run = (batch is None or batch is self.batch) and gpu is None and count_held
+        if same_run and found.peak_bytes is not None:
             self._estimates[chosen] = (id(self.batch), found)
         return found
 
@@ -220,18 +246,26 @@ class Trial:
         make_batch: Callable[[int], Any],
         low: int = 1,
         high: int | None = None,
+        *,
+        count_held: bool = True,
         **config: Any,
     ) -> int:
         """The largest batch ``make_batch(n)`` whose estimated peak fits ``budget``.
 
         ``make_batch`` is called under the fake mode, so its tensors take no memory; the
         estimates are in ``trial.last_search``. Raises EstimateUnavailable with the reason
-        where a size cannot be estimated.
+        where a size cannot be estimated. ``count_held`` as in :meth:`estimate`.
         """
         chosen = config_of(config)
         check_config(self.workload, chosen)
         search = max_batch_size(
-            self.workload, budget, make_batch, low=low, high=high, config=chosen
+            self.workload,
+            budget,
+            make_batch,
+            low=low,
+            high=high,
+            config=chosen,
+            count_held=count_held,
         )
         self.last_search = search
         return search.batch_size

@@ -49,6 +49,7 @@ CATEGORY_COLORS = {
     "other": "#b07aa1",
     "temporary": "#edc948",
     "unattributed": "#9c755f",
+    "held_before": "#8c8c6c",  # estimates: what the process held before the call
     "library_workspace": "#b6992d",
     "cuda_graph_pool": "#a0cbe8",
     "cache": "#bab0ac",

@@ -140,7 +140,8 @@ def test_cuda_peaks_start_from_the_real_layout() -> None:
     assert peaks.resident_bytes == 5 * MiB
     expected = {"parameters": 3 * MiB + 1024, "optimizer_state": 2 * MiB, "activations": 6 * MiB}
     assert peaks.peak_bytes == 5 * MiB + sum(expected.values()) + MiB
-    assert peaks.breakdown["unattributed"] == 5 * MiB and peaks.breakdown["temporary"] == MiB
+    assert peaks.breakdown["held_before"] == 5 * MiB and peaks.breakdown["temporary"] == MiB
+    assert peaks.breakdown["unattributed"] == 0 and peaks.held_bytes == 5 * MiB
     assert {k: peaks.breakdown[k] for k in expected} == expected
     assert sum(peaks.breakdown.values()) == peaks.peak_bytes
 

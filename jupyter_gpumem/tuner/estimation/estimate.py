@@ -45,6 +45,9 @@ class Estimate:
     verdict: Verdict | None = field(default=None, compare=False)  # on a card (GPU estimates)
     # the most bytes of each category held at once in the measured steps, whenever the peak
     most_bytes: dict[str, int] | None = None
+    # on the GPU before the call and not the workload's (nor a library workspace); None: CPU
+    held_bytes: int | None = None
+    held_counted: bool = True  # whether held_bytes is in the peak (the breakdown's held_before)
 
     @property
     def total_bytes(self) -> int | None:
@@ -197,6 +200,8 @@ def from_peaks(peaks: Any, facts: Any, *, t0: float, **fields: Any) -> Estimate:
         breakdown=peaks.breakdown,
         phase=peaks.phase,
         most_bytes=peaks.most,
+        held_bytes=peaks.held_bytes,
+        held_counted=peaks.held_counted,
         workspace_bytes=facts.workspace_bytes if facts else None,
         context_bytes=facts.context_bytes if facts else None,
         device_total_bytes=facts.total_bytes if facts else None,

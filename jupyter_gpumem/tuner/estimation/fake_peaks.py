@@ -7,6 +7,8 @@ started from the device's real layout as the trial will find it (the user's grad
 optimizer state freed, empty segments released, as ``Trial`` does before its first step), and
 the trace it writes is replayed by :func:`~jupyter_gpumem.analysis.replay.replay` and
 categorised by :func:`~jupyter_gpumem.analysis.breakdown.categorize`, as a measured window is.
+What else the process holds there (a tensor of the user's, a loaded copy of a meta model) is
+counted as ``held_before``, or left out of the layout where the estimate is for a fresh process.
 
 On the CPU the trial's peak is the dispatch source's: exact storage bytes of the storages the
 model, optimizer and batch hold when the measured steps begin, and of those the steps make,
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
@@ -31,6 +33,7 @@ from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Ta
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
 
+HELD_BEFORE = "held_before"  # the category of what the process held before the call
 _MODELLED_CONF = ("expandable_segments", "max_split_size_mb", "roundup_power2", "cudaMallocAsync")
 
 
@@ -44,6 +47,9 @@ class Peaks:
     phase: str | None
     resident_bytes: int | None  # on the device before the trial and not the trial's (GPU only)
     most: dict[str, int] = field(default_factory=dict)  # see most_held
+    # held on the device before the call, neither the run's nor a library workspace (GPU only)
+    held_bytes: int | None = None
+    held_counted: bool = True  # whether held_bytes is in the peak, as HELD_BEFORE
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class DeviceFacts:
     capability: tuple[int, int]  # CUDA compute capability (major, minor)
     workspace_bytes: int  # library workspaces this measurement had to create (0: already there)
     context_bytes: int | None  # NVML's figure for the process minus PyTorch's reserved bytes
+    workspace_sizes: tuple[int, ...] = ()  # what each library workspace asks for, to tell them by
 
 
 _FACTS: dict[str, DeviceFacts] = {}
@@ -67,6 +74,7 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
     if facts is not None:
         return facts
     from jupyter_gpumem.tracking.process import process_bytes
+    from jupyter_gpumem.tracking.workspaces import workspaces
 
     before = torch.cuda.memory_allocated(device)
     with torch.cuda.device(device), torch.enable_grad():
@@ -93,6 +101,7 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
         capability=(int(props.major), int(props.minor)),
         workspace_bytes=made,
         context_bytes=None if nvml is None else max(0, nvml - reserved),
+        workspace_sizes=tuple(w.requested for w in workspaces(torch, index)),
     )
     _FACTS[key] = facts
     return facts
@@ -149,10 +158,55 @@ def start_layout(
     return tuple(segments), frozenset(foreign)
 
 
+def held_blocks(
+    run: FakeRun, segments: Sequence[SegmentState], workspaces: Collection[int] = ()
+) -> dict[int, int]:
+    """What the process held before the call: the allocated blocks of ``segments`` that are
+    neither a real storage of the run's nor a library workspace (told by the size it asks for,
+    one of ``workspaces``), as address -> bytes requested."""
+    own = set(run.real.values())
+    sizes = set(workspaces)
+    out = {}
+    for seg in segments:
+        for b in seg.blocks:
+            requested = b.size if b.requested_size is None else b.requested_size
+            if b.state == ALLOCATED and b.address not in own and requested not in sizes:
+                out[b.address] = requested
+    return out
+
+
+def without(
+    segments: Sequence[SegmentState], addresses: Collection[int]
+) -> tuple[SegmentState, ...]:
+    """``segments`` with the blocks at ``addresses`` freed and the segments left empty released."""
+    out = []
+    for seg in segments:
+        blocks = tuple(
+            replace(b, state=FREE, requested_size=None) if b.address in addresses else b
+            for b in seg.blocks
+        )
+        if any(b.state == ALLOCATED for b in blocks):
+            out.append(replace(seg, blocks=blocks))
+    return tuple(out)
+
+
 def cuda_peaks(
-    run: FakeRun, segments: Sequence[SegmentState], foreign: Collection[int] = ()
+    run: FakeRun,
+    segments: Sequence[SegmentState],
+    foreign: Collection[int] = (),
+    *,
+    workspaces: Collection[int] = (),
+    count_held: bool = True,
 ) -> Peaks:
-    """The fake run's storages placed by the allocator model, from ``segments`` on."""
+    """The fake run's storages placed by the allocator model, from ``segments`` on.
+
+    What the process held before the call (:func:`held_blocks`; ``workspaces`` are the library
+    workspaces' sizes) is counted as ``HELD_BEFORE``, or, where ``count_held`` is False, freed
+    from the layout first: the peak of a process that holds nothing else.
+    """
+    held = held_blocks(run, segments, workspaces)
+    if not count_held:
+        segments = without(segments, held)
     alloc = CachingAllocator(segments, foreign=foreign)
     address: dict[int, int] = {}
     resident = alloc.allocated
@@ -204,7 +258,16 @@ def cuda_peaks(
         raise RuntimeError(f"the allocator model's trace does not replay: {result.reason}")
     start_blocks = live_blocks(start)
     tags = _tags(run, at_window, at_birth, born)
-    return _peaks(run, result, events, start_blocks, tags, resident)
+    peaks = _peaks(run, result, events, start_blocks, tags, resident)
+    counted = sum(held.values()) if count_held else 0
+    # held blocks are older than the window and never freed: the breakdown finds each at the
+    # peak, claimed by nothing, so unattributed; they are named here
+    breakdown = dict(peaks.breakdown)
+    breakdown["unattributed"] -= counted
+    breakdown[HELD_BEFORE] = counted
+    return replace(
+        peaks, breakdown=breakdown, held_bytes=sum(held.values()), held_counted=count_held
+    )
 
 
 def cpu_peaks(run: FakeRun) -> Peaks:

@@ -1,10 +1,11 @@
 """Will it run, and how far? The longest context at a batch, and a batch x context map of a
 ``generate`` call's estimated peaks with the frontier of what fits.
 
-Every figure is :func:`~.generation.estimate_generate`'s, on fake tensors: a meta model is
-enough. Contexts are total tokens, the prompt and ``max_new_tokens`` together, as the KV cache
-holds them at the last step. What fits is the allocated peak within a budget, or, on a card
-named by ``gpu``, the estimate's verdict (reserved peak, CUDA context and margin within the card).
+Every figure is :func:`~.generation.estimate_generate`'s, on fake tensors (a meta model is
+enough), with the ``count_held`` given. Contexts are total tokens, the prompt and
+``max_new_tokens`` together, as the KV cache holds them at the last step. What fits is the
+allocated peak within a budget, or, on a card named by ``gpu``, the estimate's verdict
+(reserved peak, CUDA context and margin within the card).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def max_generate_context(
     batch_size: int,
     max_new_tokens: int,
     device: Any = None,
+    count_held: bool = True,
     **generate_kwargs: Any,
 ) -> ContextSearch:
     """The longest prompt whose ``generate`` of ``max_new_tokens`` at ``batch_size`` is
@@ -189,6 +191,7 @@ def max_generate_context(
             prompt_tokens=n,
             max_new_tokens=max_new_tokens,
             device=device,
+            count_held=count_held,
             **generate_kwargs,
         )
 
@@ -212,6 +215,7 @@ def generate_map(
     batch_sizes: Sequence[int] = BATCH_SIZES,
     contexts: Sequence[int] = CONTEXTS,
     device: Any = None,
+    count_held: bool = True,
     **generate_kwargs: Any,
 ) -> GenerateMap:
     """Estimated peaks of ``generate`` over ``batch_sizes`` x ``contexts`` (total tokens),
@@ -247,6 +251,7 @@ def generate_map(
                 max_new_tokens=max_new_tokens,
                 device=device,
                 gpu=gpu,
+                count_held=count_held,
                 **generate_kwargs,
             )
             grid[i][j] = est

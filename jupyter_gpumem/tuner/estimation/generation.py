@@ -36,7 +36,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
 )
 from jupyter_gpumem.tuner.estimation.fake_objects import Faker, swapped
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode, run_of
-from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
@@ -56,6 +56,7 @@ def estimate_generate(
     max_new_tokens: int,
     device: Any = None,
     gpu: str | None = None,
+    count_held: bool = True,
     **generate_kwargs: Any,
 ) -> Estimate:
     """The peak of ``model.generate(...)`` for this batch, prompt and output, on ``device``.
@@ -63,9 +64,12 @@ def estimate_generate(
     ``device`` is where it would run (the GPU present, else the CPU); ``gpu`` names a card to
     judge the verdict on (see :mod:`.cards`). ``generate_kwargs`` go to ``generate`` as given
     (``cache_implementation="static"``, ``do_sample=True``, ...). Nothing runs on the device.
+    What the process already holds on the GPU is counted (``held_before``) unless
+    ``count_held=False`` (a loaded copy the model will replace), and never for another card.
     """
     import torch
 
+    checked_count_held(count_held)
     t0 = time.perf_counter()
     for name, value in (
         ("batch_size", batch_size),
@@ -100,7 +104,10 @@ def estimate_generate(
         return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
     if facts is not None:
         segments, foreign = fake_peaks.start_layout(torch, device, ())
-        peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+        counted = counts_held(count_held, facts, target)
+        peaks = fake_peaks.cuda_peaks(
+            run, segments, foreign, workspaces=facts.workspace_sizes, count_held=counted
+        )
     else:
         peaks = fake_peaks.cpu_peaks(run)
     found = from_peaks(peaks, facts, label=label, device=str(device), t0=t0, batch_size=batch_size)
@@ -116,6 +123,7 @@ def max_generate_batch(
     low: int = 1,
     high: int | None = None,
     device: Any = None,
+    count_held: bool = True,
     **generate_kwargs: Any,
 ) -> BatchSearch:
     """The largest batch whose ``generate`` (this prompt, this output) is estimated within ``budget``.
@@ -135,6 +143,7 @@ def max_generate_batch(
             prompt_tokens=prompt_tokens,
             max_new_tokens=max_new_tokens,
             device=device,
+            count_held=count_held,
             **generate_kwargs,
         )
 

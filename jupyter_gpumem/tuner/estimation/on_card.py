@@ -2,7 +2,9 @@
 
 The estimate is made on the GPU present. On another card by name, the library workspaces
 differ by architecture (see :mod:`.cards`): the difference is added to both peaks, and the
-CUDA context measured here stands for the target's.
+CUDA context measured here stands for the target's. What this process holds on the GPU present
+before the call is never counted for another card (:func:`counts_held`); a note says what it
+held and whether the estimate counts it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,43 @@ from jupyter_gpumem.tuner.estimation.nccl import NcclShare
 from jupyter_gpumem.units import format_bytes
 
 _HANDLES = 2  # cuBLAS handles a training step uses: its own thread and autograd's
+
+
+def checked_count_held(count_held: object) -> bool:
+    """``count_held`` as given by the user; TypeError saying what is allowed."""
+    if not isinstance(count_held, bool):
+        raise TypeError(
+            f"count_held must be True (count what this process already holds on the GPU) or "
+            f"False (estimate for a process that holds nothing else), got {count_held!r}"
+        )
+    return count_held
+
+
+def counts_held(count_held: bool, facts: DeviceFacts, target: cards.Card | None) -> bool:
+    """Whether the estimate counts what this process holds on the GPU present: as asked, and
+    never for ``target`` where that is another card (it is held here, not there)."""
+    return count_held and _other(facts, target) is None
+
+
+def _other(facts: DeviceFacts, target: cards.Card | None) -> tuple[str, str] | None:
+    """(the card present, ``target``) by name where ``target`` is another card; else None."""
+    here = cards.present(facts.name, facts.total_bytes, facts.capability).name
+    return None if target is None or target.name == here else (here, target.name)
+
+
+def held_note(found: Estimate, facts: DeviceFacts, target: cards.Card | None) -> str | None:
+    """What the process held before the call, and whether the estimate counts it."""
+    if not found.held_bytes:
+        return None
+    held = f"held before the call: {format_bytes(found.held_bytes)}"
+    if found.held_counted:
+        return f"{held} (not the model's; count_held=False leaves it out)"
+    other = _other(facts, target)
+    if other is not None:
+        return f"{held} on this {other[0]}, left out: it is held here, not on the {other[1]}"
+    return (
+        f"{held}, left out (count_held=False): the estimate is for a process holding nothing else"
+    )
 
 
 def on_card(
@@ -37,6 +76,9 @@ def on_card(
             f"differ by {format_bytes(delta)}, and the CUDA context measured here stands for "
             "its own"
         )
+    held = held_note(found, facts, target)
+    if held is not None:
+        notes.append(held)
     reserved = found.peak_reserved_bytes + delta
     return replace(
         found,

@@ -22,6 +22,9 @@ Known limitations:
 - One device: the trial's. Streams other than the current one are left alone.
 - The budget is compared with the peak allocated bytes, as the tuner's "fits" column does; the
   CUDA context and the allocator's cache come on top (``Estimate.total_bytes``).
+- What the process already holds on the GPU (a tensor of the user's, a loaded copy of a meta
+  model) is in the peak, as ``held_before``, since the trial would find it there;
+  ``count_held=False`` leaves it out, and a verdict for another card never counts it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     unavailable,
 )
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
-from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.quantized import paged_note
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
@@ -91,15 +94,18 @@ def estimate_workload(
     batch_size: int | None = None,
     gpu: str | None = None,
     primed: bool = False,
+    count_held: bool = True,
 ) -> Estimate:
     """The estimate of ``workload`` under ``config``, with its batch unless one is given.
 
     ``gpu`` names the card to judge it on (see :mod:`.cards`); by default the GPU present.
     ``primed`` warms up as :func:`.fake_step.run_fake` says (a search's anchors: the same
-    allocated peak at about half the cost; one process only).
+    allocated peak at about half the cost; one process only). ``count_held=False`` leaves out
+    what the process already holds on the GPU (the estimate of a fresh process).
     """
     import torch
 
+    checked_count_held(count_held)
     t0 = time.perf_counter()
     device = workload.device
     target = None if gpu is None else cards.card(gpu)
@@ -141,7 +147,10 @@ def estimate_workload(
         assert facts is not None
         drop = _cleared(torch, workload, device, keep=set(run.real.values()), batch=not own_batch)
         segments, foreign = fake_peaks.start_layout(torch, device, drop)
-        peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+        counted = counts_held(count_held, facts, target)
+        peaks = fake_peaks.cuda_peaks(
+            run, segments, foreign, workspaces=facts.workspace_sizes, count_held=counted
+        )
         notes.extend(fake_peaks.allocator_notes())
     else:
         peaks = fake_peaks.cpu_peaks(run)
@@ -232,14 +241,17 @@ def max_batch_size(
     low: int = 1,
     high: int | None = None,
     config: Config | None = None,
+    count_held: bool = True,
 ) -> BatchSearch:
     """The largest batch size in [low, high] whose estimate fits ``budget``.
 
     Peaks grow about linearly with the batch, so each guess is the line through the nearest
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
     a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
+    ``count_held`` as in :func:`estimate_workload`.
     """
     budget_bytes = budget_of(budget)
+    checked_count_held(count_held)
     if not callable(make_batch):
         raise TypeError("make_batch must be a callable make_batch(n) -> a batch of n samples")
     for name, value in (("low", low), ("high", high)):
@@ -256,7 +268,11 @@ def max_batch_size(
     def peak(n: int) -> int:
         if n not in made:
             made[n] = estimate_workload(
-                workload, config, make_batch=lambda: make_batch(n), batch_size=n
+                workload,
+                config,
+                make_batch=lambda: make_batch(n),
+                batch_size=n,
+                count_held=count_held,
             )
         est = made[n]
         if est.peak_bytes is None:

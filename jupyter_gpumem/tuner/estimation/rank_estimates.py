@@ -141,7 +141,8 @@ def _ranks(
             segments, foreign = (
                 fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())
             )
-            peaks = fake_peaks.cuda_peaks(run, segments, foreign)
+            sizes = facts.workspace_sizes if facts is not None else ()
+            peaks = fake_peaks.cuda_peaks(run, segments, foreign, workspaces=sizes)
             notes.extend(fake_peaks.allocator_notes())
             if workspaces is not None:
                 notes.append(PROBED_WORKSPACES.format(size=format_bytes(workspaces)))

@@ -7,7 +7,8 @@ within the card: the margin is ``MARGIN`` of the reserved peak, above the larges
 the reserved peak measured in ``bench/results/meta_estimates_h100.json`` (3.1%, a ViT-L/16,
 the estimate under the measurement). Where it does not fit, the verdict names the
 categories that dominate the peak and what helps each (the advice an out-of-memory report
-gives, :data:`~jupyter_gpumem.analysis.attribution.ADVICE`).
+gives, :data:`~jupyter_gpumem.analysis.attribution.ADVICE`; for ``held_before``, what the
+process held before the estimate, how to free it or leave it out).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from jupyter_gpumem.units import format_bytes
 
 MARGIN = 0.05  # of the predicted reserved peak
 _NOT_REMEDIABLE = frozenset({"unattributed", "allocator_slack", "library_workspace"})
+_ADVICE = {
+    **ADVICE,
+    "held_before": (
+        "deleting what this process holds (`del x`, then torch.cuda.empty_cache()), or "
+        "count_held=False where the model will replace it"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class Verdict:
 
     @property
     def remedies(self) -> tuple[str, ...]:
-        return tuple(f"{c.replace('_', ' ')}: {ADVICE[c]}" for c, _ in self.dominant if c in ADVICE)
+        return tuple(f"{_label(c)}: {_ADVICE[c]}" for c, _ in self.dominant if c in _ADVICE)
 
     def line(self) -> str:
         """The verdict in one line, the first of an estimate's report."""
@@ -69,7 +77,7 @@ class Verdict:
             return (
                 f"fits on {self.card.name}: {needs} ({format_bytes(self.headroom_bytes)} to spare)"
             )
-        most = " and ".join(f"{c.replace('_', ' ')} ({format_bytes(n)})" for c, n in self.dominant)
+        most = " and ".join(f"{_label(c)} ({format_bytes(n)})" for c, n in self.dominant)
         return (
             f"does not fit on {self.card.name}: {needs} ({format_bytes(-self.headroom_bytes)} "
             f"short); most of the peak is {most}"
@@ -88,6 +96,10 @@ class Verdict:
         if not self.fits:
             out.extend(f"try for {r}" for r in self.remedies)
         return tuple(out)
+
+
+def _label(category: str) -> str:
+    return "held before the call" if category == "held_before" else category.replace("_", " ")
 
 
 def verdict(

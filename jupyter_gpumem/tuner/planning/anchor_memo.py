@@ -36,9 +36,10 @@ class AnchorMemo:
     key: str | None = None
     anchors: dict[Config, Kept] = field(default_factory=dict)
 
-    def for_workload(self, workload: Workload) -> dict[Config, Kept]:
-        """The anchors kept for this workload; emptied first where it changed."""
-        key = workload_key(workload)
+    def for_workload(self, workload: Workload, *, count_held: bool = True) -> dict[Config, Kept]:
+        """The anchors kept for this workload, estimated with this ``count_held``; emptied first
+        where either changed."""
+        key = f"{workload_key(workload)}:{count_held}"
         if key != self.key:
             self.key, self.anchors = key, {}
         return self.anchors

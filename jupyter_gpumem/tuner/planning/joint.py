@@ -53,6 +53,7 @@ from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.pinning import release_cached
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.estimation.on_card import checked_count_held
 from jupyter_gpumem.tuner.estimation.predict import estimate_workload
 from jupyter_gpumem.tuner.estimation.search import budget_of
 from jupyter_gpumem.tuner.planning.anchor_memo import Kept
@@ -155,6 +156,7 @@ def search(
     world_sizes: Sequence[int] = (1,),
     confirm: int = CONFIRM,
     progress: Progress | None = None,
+    count_held: bool = True,
 ) -> Search:
     """The cheapest combination of techniques estimated within ``budget`` (bytes or a size).
 
@@ -162,9 +164,11 @@ def search(
     the anchors for their step times (by default where the model holds weights). With
     ``world_sizes`` beyond 1, DDP and FSDP2 on those ranks are searched too, the budget per
     rank: the fewest GPUs that fit win, DDP before FSDP2, then the cheapest candidate.
+    ``count_held=False`` leaves what the process already holds on the GPU out of the estimates.
     """
     t0 = time.perf_counter()
     budget_bytes = budget_of(budget)
+    checked_count_held(count_held)
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
     model = trial.workload.model
     measure = not holds_no_weights(model) if measure is None else measure
@@ -172,7 +176,9 @@ def search(
         raise ValueError("measure=True needs a model with weights; this one is on the meta device")
     sizes = _world_sizes(world_sizes)
     with trial.preserved() if measure else nullcontext():  # the state saved once, for every anchor
-        found = _search(trial, budget_bytes, allow, measure, sizes, confirm, progress, t0)
+        found = _search(
+            trial, budget_bytes, allow, measure, sizes, confirm, progress, t0, count_held
+        )
     if measure and moves_from(trial.workload.device):
         release_cached()  # the host memory its offloaded anchors pinned
         found.wall_s = time.perf_counter() - t0
@@ -188,6 +194,7 @@ def _search(
     confirm: int,
     progress: Progress | None,
     t0: float,
+    count_held: bool,
 ) -> Search:
     lora_allowed = "lora" in allow
     changes = changes_of([a for a in allow if a != "lora"])
@@ -221,7 +228,8 @@ def _search(
         lines.append(UNSEARCHED_FP16)
     made: dict[Config, Estimate] = {}
 
-    kept = trial.anchor_memo.for_workload(workload)  # the last search's, where nothing changed
+    # the last search's, where nothing changed
+    kept = trial.anchor_memo.for_workload(workload, count_held=count_held)
     reused: list[Config] = []
 
     def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
@@ -235,7 +243,7 @@ def _search(
             )
             if alike is None:
                 say(f"estimating {config}")
-                found = estimate_workload(workload, config, primed=True)
+                found = estimate_workload(workload, config, primed=True, count_held=count_held)
             else:  # TF32 changes how matmuls round, not what they allocate
                 found = replace(alike, config=config, label=str(config))
         if old is not None and (old.timed or not wants_time):
@@ -338,7 +346,7 @@ def _search(
             point = order[0]
             config = _config(point.choice, names)
             say(f"confirming {config}")
-            found = _kept_estimate(kept, workload, config)
+            found = _kept_estimate(kept, workload, config, count_held)
             confirmed.append(Confirmed(config, point.peak_bytes, found.peak_bytes, found.reason))
             if found.peak_bytes is not None and found.peak_bytes <= limit:
                 return point, found
@@ -405,16 +413,18 @@ def _search(
     )  # fmt: skip
 
 
-def _kept_estimate(kept: dict[Config, Kept], workload: Any, config: Config) -> Estimate:
+def _kept_estimate(
+    kept: dict[Config, Kept], workload: Any, config: Config, count_held: bool
+) -> Estimate:
     """A candidate's own estimate, made once per workload (an anchor's is made again, whole:
     its figures become the winner's)."""
     old = kept.get(config)
     if old is None:
-        old = kept[config] = Kept(estimate_workload(workload, config), timed=False)
+        found = estimate_workload(workload, config, count_held=count_held)
+        old = kept[config] = Kept(found, timed=False)
     elif old.primed:
-        old = kept[config] = replace(
-            old, estimate=estimate_workload(workload, config), primed=False
-        )
+        found = estimate_workload(workload, config, count_held=count_held)
+        old = kept[config] = replace(old, estimate=found, primed=False)
     return old.estimate
 
 

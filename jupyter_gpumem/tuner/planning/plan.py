@@ -52,6 +52,7 @@ from typing import Any
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
+from jupyter_gpumem.tuner.estimation.on_card import checked_count_held
 from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
 from jupyter_gpumem.tuner.planning.profile import StepProfile, profile_step
 from jupyter_gpumem.tuner.planning.reasoning import (
@@ -257,6 +258,7 @@ def plan(
     progress: Progress | None = None,
     parallel: str | None = None,
     world_size: int = 1,
+    count_held: bool = True,
 ) -> Plan:
     """The configuration with the least predicted step time whose predicted peak fits ``budget``.
 
@@ -267,9 +269,12 @@ def plan(
     ``headroom_bytes`` is kept free on top of ``SAFETY`` (``fit_plan`` sets it after a
     verification that came out over). ``progress`` is called with a line before each run.
     With ``parallel`` and ``world_size``, every run is on that many ranks of that strategy,
-    and the budget is per rank.
+    and the budget is per rank. ``count_held=False`` leaves what the process already holds on
+    the GPU out of the estimates of a model with no weights; a plan that measures runs counts
+    it, as they hold it, and refuses False.
     """
     budget_bytes = _budget(budget)
+    checked_count_held(count_held)
     allowed = _techniques(techniques)
     changes = changes_of(allow)
     ranks = _ranks(parallel, world_size)
@@ -304,7 +309,21 @@ def plan(
                 f"({ranks.world_size},)) estimates it on ranks, or plan it for one process"
             )
         return _plan_unmeasured(
-            trial, budget_bytes, headroom_bytes, precisions, optimizers, candidates, lines, say
+            trial,
+            budget_bytes,
+            headroom_bytes,
+            precisions,
+            optimizers,
+            candidates,
+            lines,
+            say,
+            count_held,
+        )
+    if not count_held:
+        raise ValueError(
+            "count_held=False leaves out of estimates what the process already holds on the GPU, "
+            "but this model holds weights, so the plan measures runs, which hold it too: free "
+            "it first (del it, then torch.cuda.empty_cache()), or plan with count_held=True"
         )
     store = _store(trial, candidates, ranks)
 
@@ -431,11 +450,14 @@ def _plan_unmeasured(
     candidates: tuple[str, ...],
     lines: list[str],
     say: Progress,
+    count_held: bool,
 ) -> Plan:
     """:func:`plan` for a model that holds no weights (see :mod:`.unmeasured`)."""
     reserve = round(SAFETY * budget_bytes) + max(0, headroom_bytes)
     limit = budget_bytes - reserve
-    chosen, tried = cheapest_fit(trial.workload, limit, precisions, optimizers, candidates, say)
+    chosen, tried = cheapest_fit(
+        trial.workload, limit, precisions, optimizers, candidates, say, count_held=count_held
+    )
     lines.append(NO_WEIGHTS)
     lines.extend(candidate_lines(tried, candidates, limit))
     if chosen is None:

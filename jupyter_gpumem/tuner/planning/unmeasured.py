@@ -56,14 +56,17 @@ def cheapest_fit(
     optimizers: Sequence[str | None],
     names: Sequence[str],
     progress: Callable[[str], None],
+    *,
+    count_held: bool = True,
 ) -> tuple[Candidate | None, list[Candidate]]:
-    """The candidate that changes the least and is estimated within ``limit``, and every one tried."""
+    """The candidate that changes the least and is estimated within ``limit``, and every one
+    tried; ``count_held`` as in :func:`~jupyter_gpumem.tuner.estimation.predict.estimate_workload`."""
     tried: list[Candidate] = []
 
     def estimate(p: str | None, o: str | None, k: int) -> Candidate:
         config = Candidate(p, o, k, None).config(names)
         progress(f"estimating {config}")
-        found = estimate_workload(workload, config)
+        found = estimate_workload(workload, config, count_held=count_held)
         made = Candidate(p, o, k, found.peak_bytes, found.reason)
         tried.append(made)
         return made
