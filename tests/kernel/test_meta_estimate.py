@@ -125,6 +125,18 @@ def test_the_largest_batch_of_a_meta_model() -> None:
     assert meta.max_batch_size(budget, make) == real.max_batch_size(budget, make) == 6
 
 
+def test_batches_made_on_the_meta_device_are_the_run_devices() -> None:
+    def on(device: str) -> Any:
+        return lambda n: {"input_ids": torch.zeros(n, SEQ, dtype=torch.long, device=device)}
+
+    meta = _trial("llama", "meta", device="cpu")
+    budget = meta.estimate(batch=on("cpu")(6)).peak_bytes
+    assert budget is not None
+    assert meta.max_batch_size(budget, on("meta")) == meta.max_batch_size(budget, on("cpu")) == 6
+    assert meta.last_search.estimate is not None
+    assert meta.last_search.estimate.peak_bytes == budget
+
+
 def test_running_a_meta_model_asks_for_real_weights() -> None:
     trial = _trial("gpt2", "meta", device="cpu")
     for attempt in (lambda: trial.run(Config()), lambda: trial.compare([Config()])):

@@ -180,6 +180,8 @@ def fake_batch(torch: Any, batch: Any, faker: Faker) -> Any:
     def one(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
             return faker.fake(value, "inputs")
+        if isinstance(value, fake_type) and value.is_meta and faker.meta_to is not None:
+            return faker.fake_plain(value, "inputs")  # make_batch(n) made it on the meta device
         if isinstance(value, fake_type):
             faker.log.tag(value, "inputs")
         return value
