@@ -56,6 +56,7 @@ from jupyter_gpumem.tuner.estimation.quantized import (
     paged_state,
     ready_to_step,
 )
+from jupyter_gpumem.tuner.estimation.stand_ins import stand_in
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
@@ -106,7 +107,7 @@ def recording_mode() -> type:
             hidden = hidden_buffers(torch, func, args, kwargs or {})
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
-            out = func(*args, **(kwargs or {}))
+            out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
             self.log.record(out, args, kwargs)
             return out
 
