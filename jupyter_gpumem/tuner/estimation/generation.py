@@ -6,14 +6,13 @@ as a tokenizer gives them, made where it would run. Where ``generate`` reads a v
 do not have, it reads what a prompt without padding gives (the mask and what is made of it are
 followed as all ones; any other read is false), and no sequence ends early: every sequence
 takes ``max_new_tokens`` steps, the most memory the call can take. The model's calls
-mark the ``prefill`` and ``decode`` phases, each lasting until the next call, and the cache the
-call returns is ``kv_cache``.
+mark the ``prefill`` and ``decode`` phases, each lasting until the next call, and the cache each
+call returns is ``kv_cache`` from its making, as a measured cell tags it (a growing cache's
+tensors included, which the next call's concatenation replaces).
 
 Known limitations:
 - Decoding strategies that read scores to decide (beam search's early stopping, assisted
   decoding) are answered as above and may take other branches than a real call.
-- Cache copies made while the cache grows are ``temporary``; only the returned cache is
-  ``kv_cache``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,7 +38,7 @@ from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
-from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
+from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
@@ -212,6 +211,10 @@ def _run(
         log.mark("decode" if calls[0] else "prefill")
         calls[0] += 1
 
+    def kept(module: Any, args: Any, output: Any) -> None:  # the cache a call returns
+        for cache in _caches_in(output):
+            _tag_cache(torch, log, cache)
+
     long = skip and max_new_tokens > FIRST_STEPS + LAST_STEPS
     growing = long and _grows_by_cat(model, kwargs)
     ahead = long and not growing and _made_ahead(model, kwargs)
@@ -221,7 +224,7 @@ def _run(
         faker.done()
         start = tuple(sorted(log.live().values()))
         prompt = {ids.untyped_storage()._cdata, mask.untyped_storage()._cdata}
-        handle = model.register_forward_pre_hook(mark)
+        handles = (model.register_forward_pre_hook(mark), model.register_forward_hook(kept))
         try:
             with (
                 recording_mode()(log),
@@ -248,6 +251,7 @@ def _run(
                     # the last steps' prompt: the tokens so far, a view of the prompt's memory
                     # (the call holds the tokens it was given, the prompt, not the ones made)
                     cache = _filled(torch, layers, seen - 1, model)
+                    _tag_cache(torch, log, cache)  # as the call before returned it
                     calls[0] = max_new_tokens - LAST_STEPS
                     tail = {**kwargs, key: cache}
                     del cache, layers
@@ -265,7 +269,8 @@ def _run(
             raise Unfakeable(reason(exc)) from exc
         finally:
             log.recording = False
-            handle.remove()
+            for handle in handles:
+                handle.remove()
     return run_of(log, device, (0, 0, start, frozenset(start)))
 
 
@@ -279,9 +284,9 @@ def _generate(
     kwargs: dict[str, Any],
     new: int | None = None,
 ) -> tuple[str, list[tuple[Any, Any, Any]] | None]:
-    """One ``generate`` of ``new`` new tokens (``steps``, where none), cut after ``steps``; its
-    cache is tagged ``kv_cache``. Returns the cache's key in the output, and its layers'
-    (shape, dtype, device) where every layer is a plain growing one (None otherwise)."""
+    """One ``generate`` of ``new`` new tokens (``steps``, where none), cut after ``steps``.
+    Returns the cache's key in the output, and its layers' (shape, dtype, device) where every
+    layer is a plain growing one (None otherwise)."""
     if new is None or not _made_ahead(model, kwargs):
         new = steps  # a growing cache is the same whatever the call asks for
     with _steps(steps), _eager(), warnings.catch_warnings():
@@ -296,10 +301,7 @@ def _generate(
         )
     # the returned cache, by its key (reading the old name warns in transformers 5)
     key = next((k for k in ("cache", "past_key_values") if k in out), "past_key_values")
-    cache = out.get(key)
-    for t in tensors_in([_cache_tensors(cache, torch)], torch.Tensor, []):
-        log.tag(t, "kv_cache")
-    return key, _growing_layers(cache)
+    return key, _growing_layers(out.get(key))
 
 
 @contextmanager
@@ -422,7 +424,10 @@ def _growing_layers(cache: Any) -> list[tuple[Any, Any, Any]] | None:
 
 
 def _filled(torch: Any, layers: list[tuple[Any, Any, Any]], length: int, model: Any) -> Any:
-    """A dynamic cache holding ``length`` tokens in every layer, as generate's own would."""
+    """A dynamic cache holding ``length`` tokens in every layer, as generate's own would: one
+    storage for each layer's keys and one for its values, and nothing else made on the way
+    (filled through ``update``, which copies, a layer would hold its tokens twice for a
+    moment: a peak generate's own cache, grown a token at a time, never reaches)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
@@ -431,9 +436,30 @@ def _filled(torch: Any, layers: list[tuple[Any, Any, Any]], length: int, model: 
         full = (*shape[:-2], length, shape[-1])
         keys = torch.zeros(full, dtype=dtype, device=device)
         values = torch.zeros(full, dtype=dtype, device=device)
-        made[i].update(keys, values)
+        made[i].update(keys[..., :0, :], values[..., :0, :])  # set up by its own code, empty
+        made[i].keys, made[i].values = keys, values
         del keys, values
     return cache
+
+
+def _tag_cache(torch: Any, log: StorageLog, cache: Any) -> None:
+    """``cache``'s tensors are ``kv_cache`` (a function: no loop variable outlives it, keeping
+    a tensor alive past its free)."""
+    for t in _cache_tensors(cache, torch):
+        log.tag(t, "kv_cache")
+
+
+def _caches_in(output: Any) -> list[Any]:
+    """The transformers caches a model call's output carries at its top level."""
+    from transformers.cache_utils import Cache
+
+    if isinstance(output, Mapping):
+        values: Any = output.values()
+    elif isinstance(output, (tuple, list)):
+        values = output
+    else:
+        return []
+    return [value for value in values if isinstance(value, Cache)]
 
 
 def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
