@@ -33,7 +33,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.rng", "tuner.workload"),
     ("tuner.estimation.unfakeable",),
     ("tuner.estimation.storage_log", "tuner.estimation.search"),
-    ("tuner.estimation.quantized", "tuner.estimation.untraced"),
+    ("tuner.estimation.quantized", "tuner.estimation.untraced", "tuner.estimation.stand_ins"),
     ("tuner.estimation.fake_objects",),
     ("tuner.estimation.fake_step",),
     ("tuner.estimation.fake_group", "tuner.estimation.allocator_model"),
