@@ -40,7 +40,9 @@ class Case:
     name: str
     family: str
     workload: str  # "train", "lora", "inference" or "generate"
-    precision: str | None = None  # the Config precision of a training or inference row (None: as built)
+    precision: str | None = (
+        None  # the Config precision of a training or inference row (None: as built)
+    )
     dtype: str = "float32"  # the weights' dtype as built
     attention: str | None = None  # transformers' attn_implementation
     generate: dict[str, Any] = field(default_factory=dict)  # generate's keyword arguments
@@ -740,7 +742,7 @@ CASES: tuple[Case, ...] = (
 )
 
 # (batch, prompt, new tokens) of a generate row
-GENERATE = {"tiny": (2, 16, 48), "bench": (8, 256, 128)}
+GENERATE = {"tiny": (2, 16, 120), "bench": (8, 256, 128)}
 
 
 def case(name: str) -> Case:
