@@ -32,7 +32,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("session",),
     ("tuner.rng", "tuner.workload"),
     ("tuner.estimation.unfakeable",),
-    ("tuner.estimation.storage_log", "tuner.estimation.search"),
+    ("tuner.estimation.storage_log", "tuner.estimation.search", "tuner.estimation.known_values"),
     ("tuner.estimation.quantized", "tuner.estimation.untraced", "tuner.estimation.stand_ins"),
     ("tuner.estimation.fake_objects",),
     ("tuner.estimation.fake_step",),

@@ -24,7 +24,8 @@ Known limitations:
   cuBLAS's own workspace) is not seen; the estimate adds what it can measure once per device.
 - Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
   whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
-  ``torch.compile``d modules cannot run; :class:`Unfakeable` says which.
+  ``torch.compile``d modules cannot run; :class:`Unfakeable` says which, and the line that
+  reads. Reads known without data (a mask of ones, :mod:`.known_values`) are answered.
 - See :mod:`~jupyter_gpumem.tuner.estimation.fake_objects` for what is put back and how.
 """
 
@@ -50,6 +51,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
+from jupyter_gpumem.tuner.estimation.known_values import known_values
 from jupyter_gpumem.tuner.estimation.quantized import (
     hidden_buffers,
     maps_made_for_real,
@@ -58,7 +60,7 @@ from jupyter_gpumem.tuner.estimation.quantized import (
 )
 from jupyter_gpumem.tuner.estimation.stand_ins import stand_in
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
-from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable, raised_at
 from jupyter_gpumem.tuner.estimation.untraced import untraced
 from jupyter_gpumem.tuner.rng import rng_kept
 
@@ -176,7 +178,11 @@ def run_fake(
         applied = None
         storage_resizes.listen(torch, log.resized)
         try:
-            with recording, untraced(lambda: _storages(torch, run_batch)):
+            with (
+                recording,
+                known_values(strict=True) as known,
+                untraced(lambda: _storages(torch, run_batch), ones=known.all_ones),
+            ):
                 log.recording = True
                 if make_batch is not None:
                     run_batch = fake_batch(torch, make_batch(), faker)
@@ -367,15 +373,17 @@ def reason(exc: BaseException) -> str:
     from torch._subclasses import fake_tensor as ft
 
     func = getattr(exc, "func", None)
+    at = raised_at(exc)
     if isinstance(exc, ft.DynamicOutputShapeException):
         return (
             f"the step calls {func}, whose output shape depends on tensor values, which fake "
-            "tensors do not have"
+            "tensors do not have" + (f"; called at {at}" if at else "")
         )
     if isinstance(exc, ft.DataDependentOutputException):
         return (
             f"the step reads tensor values ({func}: .item(), bool(t), .tolist() or fp16 loss "
             "scaling's overflow check), which fake tensors do not have"
+            + (f"; read at {at}" if at else "")
         )
     if isinstance(exc, ft.UnsupportedOperatorException):
         return (

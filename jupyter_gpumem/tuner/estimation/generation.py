@@ -17,7 +17,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +34,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
 )
 from jupyter_gpumem.tuner.estimation.fake_objects import Faker, swapped
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording_mode, run_of
+from jupyter_gpumem.tuner.estimation.known_values import known_values
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
 from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
@@ -228,7 +228,7 @@ def _run(
         try:
             with (
                 recording_mode()(log),
-                _answered([mask]),
+                known_values([mask], strict=False),
                 untraced(lambda: prompt, unpadded=True),
                 torch.no_grad(),
             ):
@@ -474,77 +474,6 @@ def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
             items = value if isinstance(value, (list, tuple)) else (value,)
             found.extend(t for t in items if isinstance(t, torch.Tensor))
     return found
-
-
-# ops whose output is all ones (or all true) where their tensor inputs are
-_KEEPS_ONES = frozenset(
-    {
-        "aten.alias.default", "aten.slice.Tensor", "aten.select.int", "aten.view.default",
-        "aten.unsqueeze.default", "aten.expand.default", "aten._to_copy.default",
-        "aten.clone.default", "aten.cat.default", "aten.all.default", "aten.all.dim",
-        "aten.any.default", "aten.any.dim", "aten.detach.default", "aten.contiguous.default",
-    }
-)  # fmt: skip
-_MAKES_ONES = frozenset({"aten.ones.default", "aten.new_ones.default", "aten.ones_like.default"})
-
-
-@functools.cache
-def _answering_mode() -> type:
-    import weakref
-
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class _Answered(TorchDispatchMode):
-        """A value read answers as for a prompt without padding.
-
-        The prompt's attention mask is all ones, and so is what is cut, cast or joined from
-        it and from new ones, and ``== 1`` of it: a read of such a tensor is true (one), and
-        any other read is false (zero).
-        """
-
-        def __init__(self, ones: list[Any]) -> None:
-            super().__init__()
-            self._ones: dict[int, weakref.ref[Any]] = {}  # by id: tensors compare by value
-            for t in ones:
-                self._add(t)
-
-        def _add(self, t: Any) -> None:
-            self._ones[id(t)] = weakref.ref(t)
-
-        def _known(self, t: Any) -> bool:
-            ref = self._ones.get(id(t))
-            return ref is not None and ref() is t
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if func is torch.ops.aten._local_scalar_dense.default:
-                known = self._known(args[0])
-                return known if args[0].dtype == torch.bool else int(known)
-            out = func(*args, **kwargs)
-            name = str(func)
-            inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            ones = name in _MAKES_ONES or (
-                name in _KEEPS_ONES and bool(inputs) and all(self._known(t) for t in inputs)
-            )
-            if name == "aten.eq.Scalar" and self._known(args[0]) and args[1] == 1:
-                ones = True
-            if ones:
-                for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        self._add(t)
-            return out
-
-    return _Answered
-
-
-@contextmanager
-def _answered(ones: list[Any]) -> Iterator[None]:
-    with _answering_mode()(ones):
-        yield
 
 
 COMPILED = (

@@ -11,7 +11,9 @@ the real step makes them:
   call for no packed-sequence mask;
 - the causal mask is skipped for a query as long as its keys, or of one token, without padding,
   whatever the fake offset of the cache (and, for a prompt made without padding, whatever its
-  fake attention mask).
+  fake attention mask);
+- a padding mask known to hold only ones (made by ``torch.ones`` in the model, as BART's decoder
+  makes one) is no padding: the causal and the bidirectional mask are skipped as without one.
 
 Known limitations:
 - Decisions that read the values of the batch are left to transformers, which takes the masked
@@ -31,13 +33,19 @@ from jupyter_gpumem.tuner.estimation.storage_log import fake_class
 
 
 @contextmanager
-def untraced(batch_storages: Callable[[], set[int]], *, unpadded: bool = False) -> Iterator[None]:
+def untraced(
+    batch_storages: Callable[[], set[int]],
+    *,
+    unpadded: bool = False,
+    ones: Callable[[Any], bool] | None = None,
+) -> Iterator[None]:
     """transformers' mask decisions as in the real step, for the duration of a fake run.
 
     ``batch_storages()`` gives the storages of the user's batch (``_cdata``): their values are
     the user's, unknown here, so decisions on them and their views stay transformers' own.
     With ``unpadded``, the run's attention masks are known to hold no padding (a prompt made
-    for the run): a fake padding mask decides as no padding does.
+    for the run): a fake padding mask decides as no padding does; so does one that
+    ``ones(mask)`` knows to hold only ones (:func:`~.known_values.known_values`).
     """
     masking = sys.modules.get("transformers.masking_utils")  # never imported for this
     fake: Any = fake_class()
@@ -50,8 +58,13 @@ def untraced(batch_storages: Callable[[], set[int]], *, unpadded: bool = False) 
                     return None  # the model's own positions: one sequence per row
                 return original(**given)
 
+            def no_padding(mask: Any) -> bool:
+                return (unpadded and isinstance(mask, fake)) or (
+                    ones is not None and mask is not None and ones(mask)
+                )
+
             def causal(original: Callable[..., Any], given: dict[str, Any]) -> Any:
-                if unpadded and isinstance(given["padding_mask"], fake):
+                if no_padding(given["padding_mask"]):
                     given["padding_mask"] = None  # all ones: the same decision as none
                 if (
                     given["padding_mask"] is None
@@ -65,6 +78,15 @@ def untraced(batch_storages: Callable[[], set[int]], *, unpadded: bool = False) 
             stack.enter_context(_wrapped(masking, packed, {"position_ids"}, unpacked))
             reads = {"padding_mask", "q_length", "kv_length", "q_offset"}
             stack.enter_context(_wrapped(masking, "_ignore_causal_mask_sdpa", reads, causal))
+            if ones is not None:
+
+                def bidirectional(original: Callable[..., Any], given: dict[str, Any]) -> Any:
+                    if given["padding_mask"] is not None and ones(given["padding_mask"]):
+                        given["padding_mask"] = None
+                    return original(**given)
+
+                skip = "_ignore_bidirectional_mask_sdpa"
+                stack.enter_context(_wrapped(masking, skip, {"padding_mask"}, bidirectional))
         yield
 
 
