@@ -70,6 +70,7 @@ from typing import Any
 
 from jupyter_gpumem.records import COMMUNICATION, PASS_THROUGH, TraceEvent, frame_role
 from jupyter_gpumem.tracking import storage_resizes
+from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 
 DEVICES = frozenset({"cpu", "meta"})
 _MAX_WALK = 64  # frames walked to find max_frames user frames
@@ -511,6 +512,10 @@ def _mode_class() -> type:
                     # The subclass runs first and desugars into plain ops, which come back
                     # here; other subclasses (FakeTensor) expect the mode to run the op.
                     return NotImplemented
+            if is_composite(torch, func):  # under inference_mode: its parts allocate
+                out = run_as_parts(self, func, args, kwargs)
+                if out is not NotImplemented:
+                    return out
             out = func(*args, **(kwargs or {}))
             self.recorder._record(out, args, kwargs, lifted=func is lift_fresh)
             return out

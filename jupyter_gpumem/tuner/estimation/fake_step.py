@@ -40,6 +40,7 @@ from typing import Any
 
 from jupyter_gpumem.records import PhaseMark
 from jupyter_gpumem.tracking import storage_resizes
+from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
 from jupyter_gpumem.tuner.estimation.fake_objects import (
@@ -106,6 +107,10 @@ def recording_mode() -> type:
             if any(is_traceable_wrapper_subclass_type(t) for t in types):
                 # a DTensor runs first and comes back here with the plain ops it desugars into
                 return NotImplemented
+            if is_composite(torch, func):  # under inference_mode: its parts allocate
+                out = run_as_parts(self, func, args, kwargs)
+                if out is not NotImplemented:
+                    return out
             hidden = hidden_buffers(torch, func, args, kwargs or {})
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
