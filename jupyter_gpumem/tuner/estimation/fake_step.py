@@ -59,7 +59,7 @@ from jupyter_gpumem.tuner.estimation.quantized import (
     paged_state,
     ready_to_step,
 )
-from jupyter_gpumem.tuner.estimation.stand_ins import stand_in
+from jupyter_gpumem.tuner.estimation.stand_ins import kernel_buffers, stand_in
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, tensors_in
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable, raised_at
 from jupyter_gpumem.tuner.estimation.untraced import untraced
@@ -112,6 +112,7 @@ def recording_mode() -> type:
                 if out is not NotImplemented:
                     return out
             hidden = hidden_buffers(torch, func, args, kwargs or {})
+            hidden += kernel_buffers(torch, func, args, kwargs)
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
             out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
