@@ -205,9 +205,31 @@ def table(results: dict[str, Any]) -> str:
                 fits,
             ]
         lines.append(
-            f"| {r['case']} | {r['workload']} {r['precision'] or r['dtype']} | " + " | ".join(cells) + " |"
+            f"| {r['case']} | {r['workload']} {r['precision'] or r['dtype']} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
+
+
+def summary(results: dict[str, Any]) -> str:
+    """How many rows meet the targets, how many are refused, and the "fits" promise's count."""
+    rows = [r for r in results["cases"] if "failed" not in r]
+    estimated = [r for r in rows if r["estimated_allocated"] is not None]
+    within = [
+        r
+        for r in estimated
+        if abs(r["error_allocated_pct"]) <= 2 and abs(r["error_reserved_pct"]) <= 5
+    ]
+    answered = [r for r in estimated if r.get("fits_measured")]
+    over = [r["case"] for r in answered if r["fits_then_over_budget"]]
+    left = [r["case"] for r in answered if r["one_more_fits"]]
+    return (
+        f"{len(rows)} rows: {len(within)} within 2% allocated and 5% reserved, "
+        f"{len(estimated) - len(within)} outside, {len(rows) - len(estimated)} refused; "
+        f"'fits' answers: {len(answered)}, followed by an out-of-memory (over the budget): "
+        f"{len(over)} {over or ''}, leaving a batch on the table: {len(left)} {left or ''}"
+    )
 
 
 def main() -> None:
@@ -221,7 +243,8 @@ def main() -> None:
     parser.add_argument("--case", choices=names, help=argparse.SUPPRESS)  # one, in this process
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(args.output.read_text())))
+        results = json.loads(args.output.read_text())
+        print(table(results), summary(results), sep="\n\n")
         return
     if args.case:
         args.output.write_text(json.dumps(one(args.case, args.size), indent=1, default=str))
