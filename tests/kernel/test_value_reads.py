@@ -4,7 +4,9 @@ A mask the model makes with ``torch.ones`` holds ones whatever the data, and a L
 compared with probability zero is false whatever the draw: the estimate reads them as the real
 step does, and equals its measured peak. A read of anything else (the batch's values, a draw
 compared with 0.5, a mask written after it was made) stays a refusal that names the line of the
-step that reads.
+step that reads. A check's condition (``torch._check_tensor_all``, ``torch._assert``,
+transformers' ``torch_compilable_check``) reads as passing, as it must for the real step to run,
+and the estimate says which check; a branch on the same value stays refused.
 """
 
 from __future__ import annotations
@@ -67,6 +69,37 @@ class Reads(nn.Module):
         return y * 2 if self.read(y) else y
 
 
+class Checked(nn.Module):
+    """A linear layer whose output ``check`` checks finite; ``branch`` then branches on it too."""
+
+    def __init__(self, check: Callable[[torch.Tensor], None], branch: bool = False) -> None:
+        super().__init__()
+        self.check, self.branch = check, branch
+        self.a = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        finite = torch.isfinite(y).all()
+        self.check(finite)
+        if self.branch and bool(finite):
+            return y * 2
+        return y
+
+
+def _torch_check(finite: torch.Tensor) -> None:
+    torch._check_tensor_all(finite, lambda: "not finite")
+
+
+def _torch_assert(finite: torch.Tensor) -> None:
+    torch._assert(finite, "not finite")
+
+
+def _transformers_check(finite: torch.Tensor) -> None:
+    from transformers.utils import torch_compilable_check
+
+    torch_compilable_check(finite, "not finite")
+
+
 def _written_mask(y: torch.Tensor) -> bool:
     mask = torch.ones(y.shape[:2], dtype=torch.bool)
     mask[0, 0] = False
@@ -125,6 +158,52 @@ def test_reads_of_unknown_values_stay_refused(make: Callable[[], nn.Module], lin
     assert est.peak_bytes is None
     assert "reads tensor values" in (est.reason or "")
     assert f"read at {Path(__file__).name}:" in (est.reason or "")
+    assert line in (est.reason or ""), est.reason
+
+
+@pytest.mark.parametrize(
+    ("check", "line"),
+    [
+        (_torch_check, "torch._check_tensor_all(finite,"),
+        (_torch_assert, "torch._assert(finite,"),
+        (_transformers_check, "torch_compilable_check(finite,"),
+    ],
+    ids=["torch-check-tensor-all", "torch-assert", "transformers-check"],
+)
+def test_a_checks_condition_is_taken_to_pass_as_the_real_step_needs(
+    check: Callable[[torch.Tensor], None], line: str
+) -> None:
+    if check is _transformers_check:
+        pytest.importorskip("transformers")
+    meta = _trial(lambda: Checked(check), "meta").estimate()
+    real = _trial(lambda: Checked(check), "cpu")
+    assert meta.peak_bytes is not None, meta.reason
+    assert meta.peak_bytes == real.estimate().peak_bytes
+    assert meta.peak_bytes == real.run(Config()).peak_allocated_bytes
+    (note,) = [n for n in meta.notes if "taken to pass" in n]
+    assert f"the check in {check.__name__} taken to pass" in note, note
+    assert f"{_line_of(line)} `{line}" in note, note
+
+
+@pytest.mark.parametrize(
+    ("make", "line"),
+    [
+        (lambda: Checked(_torch_check, branch=True), "if self.branch and bool(finite):"),
+        (
+            lambda: Reads(lambda y: torch._check(y.abs().max().item() < 1e6)),
+            "Reads(lambda y: torch._check(y.abs().max().item() < 1e6))",
+        ),
+    ],
+    ids=["branch-on-the-checked-value", "number-read-for-a-check"],
+)
+def test_reads_that_steer_the_step_stay_refused_beside_checks(
+    make: Callable[[], nn.Module], line: str
+) -> None:
+    """A branch on a checked value steers the step; ``.item()`` of a number is read before
+    ``torch._check`` sees its outcome, in the step's own code."""
+    est = _trial(make, "meta").estimate()
+    assert est.peak_bytes is None
+    assert f"read at {_line_of(line)} `" in (est.reason or ""), est.reason
     assert line in (est.reason or ""), est.reason
 
 

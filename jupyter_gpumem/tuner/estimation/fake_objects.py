@@ -96,6 +96,14 @@ def swapped(torch: Any, model: Any, faker: Faker) -> Iterator[None]:
     """The model's parameters and buffers replaced by fakes; every module attribute put back."""
     modules = list(model.modules())
     saved = [(m, vars(m).copy(), dict(m._parameters), dict(m._buffers)) for m in modules]
+    # hooks the step registers (transformers' output capturing, once per model) go with the
+    # flag that says they are there: left behind, the next real call would add them twice
+    hooks = [
+        (d, dict(d))
+        for m in modules
+        for k, d in vars(m).items()
+        if "hooks" in k and isinstance(d, dict)
+    ]
     try:
         for m in modules:
             for name, p in list(m._parameters.items()):
@@ -106,6 +114,9 @@ def swapped(torch: Any, model: Any, faker: Faker) -> Iterator[None]:
                     m._buffers[name] = faker.fake(b, "parameters")
         yield
     finally:
+        for d, contents in hooks:
+            d.clear()
+            d.update(contents)
         for m, attrs, params, buffers in saved:
             m._parameters.clear()
             m._parameters.update(params)

@@ -88,6 +88,7 @@ class FakeRun:
     # existing storage -> how loading made it and its siblings (StorageLog.loaded)
     loading: Mapping[int, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
     left_out_bytes: int = 0  # storages outside PyTorch's allocator, not in the events
+    checks: tuple[str, ...] = ()  # the step's checks taken to pass (known_values), as notes
 
 
 @functools.cache
@@ -221,7 +222,7 @@ def run_fake(
             storage_resizes.unlisten(torch, log.resized)
             if applied is not None:
                 applied.revert()
-    return run_of(log, device, window)
+    return dataclasses.replace(run_of(log, device, window), checks=tuple(known.checks))
 
 
 def run_of(

@@ -9,6 +9,12 @@ that range, every element gives the same answer (transformers' LayerDrop at prob
 reads ``torch.rand([]) < 0.0``). A tensor written in place, through any view of its storage,
 is known no more.
 
+A read that is the condition of a check (``torch._check_tensor_all``, ``torch._assert``,
+transformers' ``torch_compilable_check``: LLaVA's count of image tokens against its image
+features) reads as true whatever the data: the step the estimate stands for runs only where
+the check passes, and a check decides nothing else. The mode lists each such check, for the
+estimate's notes. A read whose value steers the step (a branch, a shape, a count) is no check.
+
 :func:`known_values` answers those reads. Any other read is the caller's: ``strict`` (a
 training step) leaves it to the fake mode, which refuses it; otherwise (``generate`` on a
 prompt without padding) it reads as false, zero.
@@ -17,11 +23,17 @@ prompt without padding) it reads as false, zero.
 from __future__ import annotations
 
 import functools
+import itertools
+import sys
+import traceback
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
+
+from jupyter_gpumem.tuner.estimation.unfakeable import source_line
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,12 @@ _ALL = ("all.default", "all.dim", "all.dims")
 _ANY = ("any.default", "any.dim", "any.dims")
 _NOTS = ("logical_not.default", "bitwise_not.default")
 _NUMBER = (bool, int, float)
+# Functions whose reads are the conditions of checks that raise where they fail: torch's own
+# (in ``torch``'s top module) by name, and a library's by its top package and name.
+_TORCH_CHECKS = frozenset({"_check", "_check_with", "_check_tensor_all", "_check_tensor_all_with",
+                           "_check_index", "_check_value", "_check_type", "_check_not_implemented",
+                           "_assert"})  # fmt: skip
+_LIBRARY_CHECKS = frozenset({("transformers", "torch_compilable_check")})
 _COMPARE = {
     f"{op}.{o}": (op, o)
     for op in ("eq", "ne", "lt", "le", "gt", "ge")
@@ -86,7 +104,8 @@ def compared(span: Span, op: str, number: float) -> Span | None:
 def known_values(ones: Iterable[Any] = (), *, strict: bool) -> Iterator[Any]:
     """Reads of known values answered while the context lasts; ``ones`` are all ones.
 
-    Yields the mode: ``mode.all_ones(t)`` says whether ``t`` is known to hold only ones.
+    Yields the mode: ``mode.all_ones(t)`` says whether ``t`` is known to hold only ones, and
+    ``mode.checks`` says which checks were taken to pass, as notes for the estimate.
     """
     with _mode()(list(ones), strict) as mode:
         yield mode
@@ -116,6 +135,7 @@ def _mode() -> type:
         def __init__(self, ones: list[Any], strict: bool) -> None:
             super().__init__()
             self.strict = strict
+            self.checks: list[str] = []
             # by id, as tensors compare by value: (the tensor, its span, its storage)
             self._spans: dict[int, tuple[weakref.ref[Any], Span, int | None]] = {}
             self._writes: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -144,6 +164,11 @@ def _mode() -> type:
                 span = self._span(args[0])
                 if span is not None and span.value is not None:
                     return _scalar(torch, span.value, args[0].dtype)
+                check = checked_at(sys._getframe(1)) if args[0].dtype == torch.bool else None
+                if check is not None:
+                    if check not in self.checks:
+                        self.checks.append(check)
+                    return True
                 if self.strict:
                     return func(*args, **kwargs)
                 return False if args[0].dtype == torch.bool else 0
@@ -208,6 +233,55 @@ def _mode() -> type:
                 self._spans = {i: e for i, e in self._spans.items() if e[2] not in storages}
 
     return _Known
+
+
+def checked_at(frame: FrameType | None) -> str | None:
+    """A note naming the check whose condition the read at ``frame`` is, if it is one.
+
+    Outward from the read, the dispatch (this package, torch's private modules) is passed
+    over; the first frame beyond it must be a check, and the line is the one that calls the
+    outermost check (transformers' ``torch_compilable_check`` over ``torch._check_tensor_all``).
+    A read in the step's own code (``if t.any():``) or in torch's public functions is no check.
+    """
+    while frame is not None and _dispatching(frame):
+        frame = frame.f_back
+    if frame is None or not _is_check(frame):
+        return None
+    while frame.f_back is not None and _is_check(frame.f_back):
+        frame = frame.f_back
+    caller = frame.f_back
+    if caller is None:
+        return None
+    where = getattr(caller.f_code, "co_qualname", caller.f_code.co_name)  # Python 3.11 on
+    line = source_line(_summary(caller))
+    return f"the check in {where} taken to pass, as the real step needs it to: {line}"
+
+
+def _module(frame: FrameType) -> list[str]:
+    return str(frame.f_globals.get("__name__") or "").split(".")
+
+
+def _dispatching(frame: FrameType) -> bool:
+    top, *rest = _module(frame)
+    return top == "jupyter_gpumem" or (top == "torch" and any(p.startswith("_") for p in rest))
+
+
+def _is_check(frame: FrameType) -> bool:
+    module, name = _module(frame), frame.f_code.co_name
+    if module == ["torch"]:
+        return name in _TORCH_CHECKS
+    return (module[0], name) in _LIBRARY_CHECKS
+
+
+def _summary(frame: FrameType) -> traceback.FrameSummary:
+    """The frame's line, spanning the whole call it is making (Python 3.11 on)."""
+    code, first, span = frame.f_code, frame.f_lineno, {}
+    positions = getattr(code, "co_positions", None)
+    if positions is not None and frame.f_lasti >= 0:
+        at = next(itertools.islice(positions(), frame.f_lasti // 2, None), None)
+        if at is not None and at[0] is not None:
+            first, span = at[0], {"end_lineno": at[1]}
+    return traceback.FrameSummary(code.co_filename, first, code.co_name, **span)
 
 
 def _rule(aten: Any, rules: dict[Any, Any], name: str, rule: tuple[str, Any]) -> None:

@@ -29,11 +29,12 @@ def raised_at(exc: BaseException) -> str | None:
         return None
     module, summary = outside[0]
     if "utils" in module.split(".")[1:] and len(outside) > 1:
-        return f"{_line(outside[1][1])} (through {summary.name})"
-    return _line(summary)
+        return f"{source_line(outside[1][1])} (through {summary.name})"
+    return source_line(summary)
 
 
-def _line(summary: traceback.FrameSummary) -> str:
+def source_line(summary: traceback.FrameSummary) -> str:
+    """``path:line `source``` of ``summary``, its lines joined into one (cut at 100 chars)."""
     first = summary.lineno or 0
     end = getattr(summary, "end_lineno", None)  # Python 3.11 on
     last = min(end or first, first + 4)
