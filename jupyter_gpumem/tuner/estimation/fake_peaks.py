@@ -17,21 +17,29 @@ replayed by :func:`~jupyter_gpumem.analysis.replay.replay_exact`.
 The device's library workspaces (cuBLAS, cuBLASLt, one per thread that runs matmuls) are made
 once per device by a few tiny matmuls, forward and backward, so that the layout holds them as
 the trial's first step would; the CUDA context and other memory outside PyTorch's allocator is
-read from NVML at the same time. Both are cached for the process.
+read from NVML at the same time. Both are cached for the process. The workspaces are told by
+address, not by the size they ask for (a 512 x 512 fp32 weight asks for cuBLASLt's 1 MiB):
+torch's are cleared and made again, and the blocks that appear are theirs
+(:func:`~jupyter_gpumem.tracking.workspaces.remade`). Each layout checks those addresses and
+finds them again where it doubts them; where torch cannot clear them safely, sizes tell them,
+and the estimate says so (:func:`workspace_note`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
+from jupyter_gpumem.analysis.library_memory import LIBRARY_WORKSPACE
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
+from jupyter_gpumem.tracking.workspaces import allocated, memory_snapshot, remade, workspaces
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
+from jupyter_gpumem.units import format_bytes
 
 HELD_BEFORE = "held_before"  # the category of what the process held before the call
 _MODELLED_CONF = ("expandable_segments", "max_split_size_mb", "roundup_power2", "cudaMallocAsync")
@@ -61,23 +69,129 @@ class DeviceFacts:
     capability: tuple[int, int]  # CUDA compute capability (major, minor)
     workspace_bytes: int  # library workspaces this measurement had to create (0: already there)
     context_bytes: int | None  # NVML's figure for the process minus PyTorch's reserved bytes
-    workspace_sizes: tuple[int, ...] = ()  # what each library workspace asks for, to tell them by
+    # where torch cannot tell the library workspaces by address: what each asks for, to tell
+    # them by (empty where it can: start_layout marks them, as WorkspaceBlock)
+    workspace_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkspaceBlock(BlockState):
+    """An allocated block of a library workspace in a layout, told by its address."""
+
+
+@dataclass(frozen=True)
+class FoundWorkspaces:
+    """The library workspaces of one device, found by clearing them and making them again.
+
+    Known limitation: where a workspace is freed (torch's clear, called by the user or by
+    torch.compile's CUDA-graph trees) and a tensor of its request takes its block before any
+    matmul makes a new one, the tensor is taken for the workspace until the next find.
+    """
+
+    at: Mapping[int, int]  # address -> bytes requested
+    others: frozenset[int]  # the blocks of a workspace's request the clear left: not workspaces
+    sizes: frozenset[int]  # the requests a workspace makes: those found, and torch's rules
+
+    def describes(self, snapshot: Sequence[Mapping[str, Any]], index: int) -> bool:
+        """Whether device ``index`` in ``snapshot`` is still as found: each workspace allocated
+        at its address with its request, and no block of a workspace's request at an address
+        not found (one a new thread or stream made, or a tensor made since: found again)."""
+        seen = {}
+        for address, requested in allocated(snapshot, index):
+            if address in self.at:
+                seen[address] = requested
+            elif requested in self.sizes and address not in self.others:
+                return False
+        return seen == dict(self.at)
 
 
 _FACTS: dict[str, DeviceFacts] = {}
+_FOUND: dict[str, FoundWorkspaces] = {}  # by device, where torch can clear the workspaces
 
 
 def device_facts(torch: Any, device: Any) -> DeviceFacts:
-    """The device's library workspaces made (once), its CUDA context and size; cached."""
+    """The device's library workspaces made (once) and found by address, its CUDA context and
+    size; cached. Finding them clears torch's workspaces (every thread's) and makes them again:
+    see :func:`~jupyter_gpumem.tracking.workspaces.clearer` for when that is done, and its caveat.
+    """
     key = str(device)
     facts = _FACTS.get(key)
     if facts is not None:
         return facts
     from jupyter_gpumem.tracking.process import process_bytes
-    from jupyter_gpumem.tracking.workspaces import workspaces
 
     before = torch.cuda.memory_allocated(device)
-    with torch.cuda.device(device), torch.enable_grad():
+    found = _find(torch, device, None)
+    made = max(0, torch.cuda.memory_allocated(device) - before)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if found is not None:
+        _FOUND[key] = found[0]
+    nvml = process_bytes().get(index)
+    reserved = torch.cuda.memory_reserved(device)
+    props = torch.cuda.get_device_properties(device)
+    facts = DeviceFacts(
+        name=props.name,
+        total_bytes=int(props.total_memory),
+        capability=(int(props.major), int(props.minor)),
+        workspace_bytes=made,
+        context_bytes=None if nvml is None else max(0, nvml - reserved),
+        workspace_sizes=() if found else tuple(w.requested for w in workspaces(torch, index)),
+    )
+    _FACTS[key] = facts
+    return facts
+
+
+def library_workspaces(torch: Any, device: Any) -> frozenset[int] | None:
+    """The addresses of the library workspaces of ``device`` now, found again as
+    :func:`device_facts` finds them (cleared and made again); None where torch cannot."""
+    found = _find(torch, device, _FOUND.get(str(device)))
+    if found is None:
+        _FOUND.pop(str(device), None)
+        return None
+    _FOUND[str(device)] = found[0]
+    return frozenset(found[0].at)
+
+
+def workspace_note(facts: DeviceFacts) -> str | None:
+    """Where the library workspaces are told by size, what that takes for one; else None."""
+    if not facts.workspace_sizes:
+        return None
+    sizes = " or ".join(format_bytes(n) for n in facts.workspace_sizes)
+    return (
+        f"library workspaces told by the size they ask for ({sizes}), not by address (this "
+        "torch cannot clear them safely, or clearing them found none): a tensor held of that "
+        "size counts as a workspace, not as held before the call"
+    )
+
+
+def _find(
+    torch: Any, device: Any, before: FoundWorkspaces | None
+) -> tuple[FoundWorkspaces, list[dict[str, Any]]] | None:
+    """The library workspaces the trial's first step uses made, and found by address where torch
+    can clear them (with the allocator's snapshot then); None where it cannot, or found none.
+
+    ``before``: those found last; where the clear freed nothing, those still allocated stand.
+    """
+    got = remade(torch, device, lambda: _make_workspaces(torch, device))
+    if got is None:
+        _make_workspaces(torch, device)
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    blocks = allocated(got.snapshot, index)
+    at = got.workspaces
+    if not at and before is not None:
+        at = {a: n for a, n in blocks if before.at.get(a) == n}
+    if not at:
+        return None
+    sizes = frozenset(at.values()) | {w.requested for w in workspaces(torch, index)}
+    others = frozenset(a for a, n in blocks if n in sizes and a not in at)
+    return FoundWorkspaces(at, others, sizes), got.snapshot
+
+
+def _make_workspaces(torch: Any, device: Any) -> None:
+    """Tiny matmuls forward and backward in each dtype: the workspaces of this thread's handles
+    and of autograd's device thread, as the trial's first step makes them."""
+    with torch.cuda.device(device), torch.inference_mode(False), torch.enable_grad():
         dtypes = [torch.float32, torch.float16]
         if torch.cuda.is_bf16_supported():
             dtypes.append(torch.bfloat16)
@@ -90,21 +204,6 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
             z.float().sum().backward()  # the same on autograd's device thread
         del w, b, x, y, z
         torch.cuda.synchronize(device)
-    made = max(0, torch.cuda.memory_allocated(device) - before)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    nvml = process_bytes().get(index)
-    reserved = torch.cuda.memory_reserved(device)
-    props = torch.cuda.get_device_properties(device)
-    facts = DeviceFacts(
-        name=props.name,
-        total_bytes=int(props.total_memory),
-        capability=(int(props.major), int(props.minor)),
-        workspace_bytes=made,
-        context_bytes=None if nvml is None else max(0, nvml - reserved),
-        workspace_sizes=tuple(w.requested for w in workspaces(torch, index)),
-    )
-    _FACTS[key] = facts
-    return facts
 
 
 def allocator_notes() -> list[str]:
@@ -126,23 +225,42 @@ def start_layout(
 
     Blocks at the addresses in ``drop`` (the user's gradients and optimizer state, which the
     trial clears) are free; segments left with no allocated block are released, as the trial's
-    ``empty_cache()`` does.
+    ``empty_cache()`` does. The library workspaces are :class:`WorkspaceBlock`, by the addresses
+    :func:`device_facts` found, found again where the layout doubts them
+    (:meth:`FoundWorkspaces.describes`); where torch cannot clear them, plain blocks.
     """
+    key = str(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = torch.cuda.current_stream(device).cuda_stream
+    found = _FOUND.get(key)
+    segments = memory_snapshot(torch)
+    if found is not None and not found.describes(segments, index):
+        again = _find(torch, device, found)
+        if again is None:
+            del _FOUND[key]
+            found, segments = None, memory_snapshot(torch)
+        else:
+            found, segments = again
+            _FOUND[key] = found
+    return layout_of(segments, index, stream, drop, () if found is None else found.at)
+
+
+def layout_of(
+    snapshot: Sequence[Mapping[str, Any]],
+    index: int,
+    stream: int,
+    drop: Collection[int],
+    workspaces: Collection[int] = (),
+) -> tuple[tuple[SegmentState, ...], frozenset[int]]:
+    """The segments of device ``index`` in ``snapshot`` (``torch.cuda.memory_snapshot()``) as
+    :func:`start_layout` says, and those of streams other than ``stream``: blocks at ``drop``
+    free, those at ``workspaces`` (addresses) :class:`WorkspaceBlock`."""
     segments: list[SegmentState] = []
     foreign: set[int] = set()
-    for seg in torch.cuda.memory_snapshot():
+    for seg in snapshot:
         if seg.get("device", 0) != index:
             continue
-        blocks = tuple(
-            BlockState(
-                int(b["address"]), int(b["size"]), ALLOCATED, b.get("requested_size") or None
-            )
-            if b["state"] == "active_allocated" and int(b["address"]) not in drop
-            else BlockState(int(b["address"]), int(b["size"]), FREE)
-            for b in seg.get("blocks", ())
-        )
+        blocks = tuple(_block(b, drop, workspaces) for b in seg.get("blocks", ()))
         if not any(b.state == ALLOCATED for b in blocks):
             continue
         segments.append(
@@ -158,21 +276,44 @@ def start_layout(
     return tuple(segments), frozenset(foreign)
 
 
+def _block(b: Mapping[str, Any], drop: Collection[int], workspaces: Collection[int]) -> BlockState:
+    address, size = int(b["address"]), int(b["size"])
+    if b["state"] != "active_allocated" or address in drop:
+        return BlockState(address, size, FREE)
+    kind = WorkspaceBlock if address in workspaces else BlockState
+    return kind(address, size, ALLOCATED, b.get("requested_size") or None)
+
+
 def held_blocks(
     run: FakeRun, segments: Sequence[SegmentState], workspaces: Collection[int] = ()
 ) -> dict[int, int]:
     """What the process held before the call: the allocated blocks of ``segments`` that are
-    neither a real storage of the run's nor a library workspace (told by the size it asks for,
-    one of ``workspaces``), as address -> bytes requested."""
+    neither a real storage of the run's nor a library workspace, as address -> bytes requested.
+
+    A workspace is a :class:`WorkspaceBlock` (told by its address); where torch cannot tell them
+    so, any block whose request is one of the sizes ``workspaces``.
+    """
+    return _owners(run, segments, workspaces)[0]
+
+
+def _owners(
+    run: FakeRun, segments: Sequence[SegmentState], workspaces: Collection[int]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The allocated blocks of ``segments`` not the run's: (held before the call, library
+    workspaces), each as address -> bytes requested."""
     own = set(run.real.values())
     sizes = set(workspaces)
-    out = {}
+    held, library = {}, {}
     for seg in segments:
         for b in seg.blocks:
+            if b.state != ALLOCATED or b.address in own:
+                continue
             requested = b.size if b.requested_size is None else b.requested_size
-            if b.state == ALLOCATED and b.address not in own and requested not in sizes:
-                out[b.address] = requested
-    return out
+            if isinstance(b, WorkspaceBlock) or requested in sizes:
+                library[b.address] = requested
+            else:
+                held[b.address] = requested
+    return held, library
 
 
 def without(
@@ -200,11 +341,12 @@ def cuda_peaks(
 ) -> Peaks:
     """The fake run's storages placed by the allocator model, from ``segments`` on.
 
-    What the process held before the call (:func:`held_blocks`; ``workspaces`` are the library
-    workspaces' sizes) is counted as ``HELD_BEFORE``, or, where ``count_held`` is False, freed
-    from the layout first: the peak of a process that holds nothing else.
+    What the process held before the call (:func:`held_blocks`; ``workspaces``: the library
+    workspaces' sizes, where the layout does not mark them) is counted as ``HELD_BEFORE``, or,
+    where ``count_held`` is False, freed from the layout first: the peak of a process that holds
+    nothing else. The library workspaces count as ``library_workspace``.
     """
-    held = held_blocks(run, segments, workspaces)
+    held, library = _owners(run, segments, workspaces)
     if not count_held:
         segments = without(segments, held)
     alloc = CachingAllocator(segments, foreign=foreign)
@@ -260,11 +402,13 @@ def cuda_peaks(
     tags = _tags(run, at_window, at_birth, born)
     peaks = _peaks(run, result, events, start_blocks, tags, resident)
     counted = sum(held.values()) if count_held else 0
-    # held blocks are older than the window and never freed: the breakdown finds each at the
-    # peak, claimed by nothing, so unattributed; they are named here
+    workspace = sum(library.values())
+    # held blocks and workspaces are older than the window and never freed: the breakdown finds
+    # each at the peak, claimed by nothing, so unattributed; they are named here
     breakdown = dict(peaks.breakdown)
-    breakdown["unattributed"] -= counted
+    breakdown["unattributed"] -= counted + workspace
     breakdown[HELD_BEFORE] = counted
+    breakdown[LIBRARY_WORKSPACE] += workspace
     return replace(
         peaks, breakdown=breakdown, held_bytes=sum(held.values()), held_counted=count_held
     )

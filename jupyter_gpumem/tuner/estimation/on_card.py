@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from jupyter_gpumem.tuner.estimation import cards, verdict
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
-from jupyter_gpumem.tuner.estimation.fake_peaks import DeviceFacts
+from jupyter_gpumem.tuner.estimation.fake_peaks import DeviceFacts, workspace_note
 from jupyter_gpumem.tuner.estimation.nccl import NcclShare
 from jupyter_gpumem.units import format_bytes
 
@@ -79,6 +79,9 @@ def on_card(
     held = held_note(found, facts, target)
     if held is not None:
         notes.append(held)
+    told = workspace_note(facts)
+    if told is not None:
+        notes.append(told)
     reserved = found.peak_reserved_bytes + delta
     return replace(
         found,
