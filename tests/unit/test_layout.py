@@ -36,7 +36,11 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.quantized", "tuner.estimation.untraced", "tuner.estimation.stand_ins"),
     ("tuner.estimation.fake_objects",),
     ("tuner.estimation.fake_step",),
-    ("tuner.estimation.fake_group", "tuner.estimation.allocator_model"),
+    (
+        "tuner.estimation.fake_group",
+        "tuner.estimation.allocator_model",
+        "tuner.estimation.decode_steps",
+    ),
     ("tuner.estimation.fake_peaks",),
     ("tuner.estimation.cards", "tuner.estimation.nccl"),
     ("tuner.estimation.verdict",),

@@ -25,6 +25,12 @@ from typing import Any
 
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, fake_peaks
+from jupyter_gpumem.tuner.estimation.decode_steps import (
+    STEADY_STEPS,
+    DecodeClocks,
+    Unfollowed,
+    filled_in,
+)
 from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
@@ -94,10 +100,19 @@ def estimate_generate(
         return _labelled(unavailable(Config(), device, missing, batch_size, t0), label)
     facts = fake_peaks.device_facts(torch, device) if device.type == "cuda" else None
     sizes = (batch_size, prompt_tokens, max_new_tokens)
+    notes: tuple[str, ...] = ()
     try:
-        try:
-            run = _run(torch, model, device, *sizes, generate_kwargs, skip=True)
+        try:  # the allocator model places every step's blocks: the skipped ones filled in
+            run = _run(
+                torch, model, device, *sizes, generate_kwargs, skip=True, fill_in=facts is not None
+            )
         except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
+            run = _run(torch, model, device, *sizes, generate_kwargs, skip=False)
+        except Unfollowed as exc:
+            notes = (
+                "every decode step ran: the steps skipped otherwise cannot be filled in for the "
+                f"allocator model ({exc})",
+            )
             run = _run(torch, model, device, *sizes, generate_kwargs, skip=False)
     except Unfakeable as exc:
         return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
@@ -109,7 +124,9 @@ def estimate_generate(
         )
     else:
         peaks = fake_peaks.cpu_peaks(run)
-    found = from_peaks(peaks, facts, label=label, device=str(device), t0=t0, batch_size=batch_size)
+    found = from_peaks(
+        peaks, facts, label=label, device=str(device), t0=t0, batch_size=batch_size, notes=notes
+    )
     return on_card(found, facts, target) if facts is not None else found
 
 
@@ -179,13 +196,17 @@ def _labelled(found: Estimate, label: str) -> Estimate:
 # With a cache that grows by concatenation, each decode step takes more than the one before
 # it, and with a cache made ahead (static) each takes what the one before took, but for the
 # tokens so far: either way the first steps and the last ones hold the call's peak, and the
-# steps between are skipped.
+# steps between are skipped (on a GPU, a growing cache's are filled in for the allocator model:
+# its blocks are placed among the holes of every step before, see decode_steps).
 FIRST_STEPS = 2  # the prefill and the first decode step, run as the call runs them
 LAST_STEPS = 2  # the last decode steps, run on a cache filled to their length
 # what makes a step's memory depend on more than its cache's length: kept step by step
 _STEP_BY_STEP = ("num_beams", "num_beam_groups", "penalty_alpha", "assistant_model",
                  "prompt_lookup_num_tokens", "output_scores", "output_logits",
                  "output_attentions", "output_hidden_states", "past_key_values", "cache")  # fmt: skip
+# what changes a step's work at a step counted from the prompt, which the last steps' call (its
+# prompt the tokens so far) would count from its own: kept step by step
+_FROM_PROMPT = ("exponential_decay_length_penalty", "begin_suppress_tokens")
 
 
 def _run(
@@ -198,7 +219,11 @@ def _run(
     kwargs: dict[str, Any],
     *,
     skip: bool,
+    fill_in: bool = False,
 ) -> FakeRun:
+    """The fake run of the call, its middle steps skipped where ``skip`` allows; with
+    ``fill_in``, those of a growing cache filled in for the allocator model
+    (:func:`~.decode_steps.filled_in`, which raises :class:`~.decode_steps.Unfollowed`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -216,7 +241,13 @@ def _run(
             _tag_cache(torch, log, cache)
 
     long = skip and max_new_tokens > FIRST_STEPS + LAST_STEPS
-    growing = long and _grows_by_cat(model, kwargs)
+    long = long and not _counted_from_prompt(model, kwargs, max_new_tokens)
+    steady = STEADY_STEPS if fill_in else 0  # the steps the filling-in reads its pattern from
+    growing = long and max_new_tokens > FIRST_STEPS + steady + LAST_STEPS
+    growing = growing and _grows_by_cat(model, kwargs)
+    first_checks: list[int] = []  # the log's clock at each check of generate's loop
+    last_checks: list[int] = []
+    first_end = last_end = 0
     ahead = long and not growing and _made_ahead(model, kwargs)
     with rng_kept(torch), mode, swapped(torch, model, faker):
         ids = faker.fresh((batch_size, prompt_tokens), torch.long, "inputs")
@@ -233,9 +264,14 @@ def _run(
                 torch.no_grad(),
             ):
                 log.recording = True
-                first = FIRST_STEPS if growing or ahead else max_new_tokens
+                first = (
+                    FIRST_STEPS + steady if growing else FIRST_STEPS if ahead else max_new_tokens
+                )
                 # a cache made ahead is made for every new token: the call asks for them all
-                key, layers = _generate(torch, model, log, ids, mask, first, kwargs, max_new_tokens)
+                key, layers = _generate(
+                    torch, model, log, ids, mask, first, kwargs, max_new_tokens, first_checks
+                )
+                first_end = log.clock
                 seen = prompt_tokens + max_new_tokens - LAST_STEPS
                 if ahead:  # the last steps: their prompt's first call taken as one decode step
                     calls[0] = max_new_tokens - LAST_STEPS
@@ -259,8 +295,9 @@ def _run(
                         _generate(
                             torch, model, log,
                             ids[:, :1].expand(batch_size, seen), mask[:, :1].expand(batch_size, seen),
-                            LAST_STEPS, tail,
+                            LAST_STEPS, tail, checks=last_checks,
                         )  # fmt: skip
+                    last_end = log.clock
                     del tail
                 log.recording = False
         except (Unfakeable, _NoSkip):
@@ -271,7 +308,13 @@ def _run(
             log.recording = False
             for handle in handles:
                 handle.remove()
-    return run_of(log, device, (0, 0, start, frozenset(start)))
+    run = run_of(log, device, (0, 0, start, frozenset(start)))
+    if not (fill_in and growing):
+        return run
+    clocks = DecodeClocks(
+        max_new_tokens, tuple(first_checks), first_end, tuple(last_checks), last_end
+    )
+    return filled_in(run, clocks)
 
 
 def _generate(
@@ -283,13 +326,16 @@ def _generate(
     steps: int,
     kwargs: dict[str, Any],
     new: int | None = None,
+    checks: list[int] | None = None,
 ) -> tuple[str, list[tuple[Any, Any, Any]] | None]:
     """One ``generate`` of ``new`` new tokens (``steps``, where none), cut after ``steps``.
     Returns the cache's key in the output, and its layers' (shape, dtype, device) where every
-    layer is a plain growing one (None otherwise)."""
+    layer is a plain growing one (None otherwise). ``checks`` gains the log's clock at each
+    check of generate's loop."""
     if new is None or not _made_ahead(model, kwargs):
         new = steps  # a growing cache is the same whatever the call asks for
-    with _steps(steps), _eager(), warnings.catch_warnings():
+    checked = None if checks is None else (lambda: checks.append(log.clock))
+    with _steps(steps, checked), _eager(), warnings.catch_warnings():
         # min_new_tokens past the first steps' end, as the real call's are not
         warnings.filterwarnings("ignore", "Unfeasible length constraints", UserWarning)
         out = model.generate(
@@ -351,6 +397,19 @@ def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
     except Exception:  # an older transformers, or a model that brings its own cache
         return False
     return bool(supports) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _counted_from_prompt(model: Any, kwargs: dict[str, Any], max_new_tokens: int) -> bool:
+    """Whether a step's work changes at a step counted from the prompt (``_FROM_PROMPT``, or
+    ``min_new_tokens`` ending before the call does)."""
+    config = getattr(model, "generation_config", None)
+
+    def setting(name: str) -> Any:
+        return kwargs[name] if name in kwargs else getattr(config, name, None)
+
+    least = setting("min_new_tokens")
+    ends_inside = bool(least) and least < max_new_tokens
+    return ends_inside or any(setting(name) is not None for name in _FROM_PROMPT)
 
 
 def _made_ahead(model: Any, kwargs: dict[str, Any]) -> bool:
@@ -505,8 +564,9 @@ def _eager() -> Iterator[None]:
 
 
 @contextmanager
-def _steps(max_new_tokens: int) -> Iterator[None]:
-    """generate's loop runs ``max_new_tokens`` steps: no sequence ends early."""
+def _steps(max_new_tokens: int, checked: Callable[[], None] | None = None) -> Iterator[None]:
+    """generate's loop runs ``max_new_tokens`` steps: no sequence ends early. ``checked`` is
+    called at each check of the loop, before it is answered."""
     from transformers.generation.utils import GenerationMixin
 
     original = GenerationMixin.__dict__.get("_has_unfinished_sequences")
@@ -515,6 +575,8 @@ def _steps(max_new_tokens: int) -> Iterator[None]:
     left = [max_new_tokens]
 
     def has_unfinished(self: Any, *args: Any, **kwargs: Any) -> bool:
+        if checked is not None:
+            checked()
         left[0] -= 1
         return left[0] >= 0
 
