@@ -12,16 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
+_BACKENDS = ("CPU", "CUDA")
 _COMPOSITE: dict[Any, bool] = {}  # op overload -> has a CompositeImplicitAutograd kernel
 
 
 def is_composite(torch: Any, func: Any) -> bool:
-    """Whether ``func``'s kernel is a CompositeImplicitAutograd one, made of other ops."""
+    """Whether ``func``'s kernel is a CompositeImplicitAutograd one, made of other ops, and
+    the only one it has for the CPU and CUDA."""
     known = _COMPOSITE.get(func)
     if known is None:
         # other namespaces (prim::device, custom ops) keep their own kernels
-        known = _COMPOSITE[func] = getattr(func, "namespace", None) == "aten" and bool(
-            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        known = _COMPOSITE[func] = (
+            getattr(func, "namespace", None) == "aten"
+            and has(func.name(), "CompositeImplicitAutograd")
+            # a kernel of its own on the device (silu_backward's fused one) runs as it is
+            and not any(has(func.name(), key) for key in _BACKENDS)
         )
     return known
 

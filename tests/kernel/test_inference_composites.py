@@ -52,3 +52,14 @@ def test_an_inference_estimate_counts_the_log_softmax_as_measured() -> None:
     assert estimate.breakdown["temporary"] >= logits + LOG_SOFTMAX
     assert measured.breakdown is not None
     assert measured.breakdown["temporary"] == pytest.approx(estimate.breakdown["temporary"], abs=64)
+
+
+def test_an_op_with_a_kernel_of_its_own_runs_whole() -> None:
+    """silu_backward is composite too, but CPU and CUDA run their fused kernels, which make no
+    sigmoid in between: split, it would count memory the real step never takes."""
+    from jupyter_gpumem.tracking.composites import is_composite
+
+    aten = torch.ops.aten
+    assert not is_composite(torch, aten.silu_backward.default)
+    assert not is_composite(torch, aten.embedding.default)  # not composite at all
+    assert is_composite(torch, aten.cross_entropy_loss.default)
