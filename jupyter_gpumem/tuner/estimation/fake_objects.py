@@ -186,15 +186,16 @@ def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
 def fake_batch(torch: Any, batch: Any, faker: Faker) -> Any:
     from torch.utils._pytree import tree_map
 
-    fake_type = fake_class()
+    fake_type: Any = fake_class()
 
     def one(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
             return faker.fake(value, "inputs")
-        if isinstance(value, fake_type) and value.is_meta and faker.meta_to is not None:
+        if not isinstance(value, fake_type):
+            return value
+        if value.device.type == "meta" and faker.meta_to is not None:
             return faker.fake_plain(value, "inputs")  # make_batch(n) made it on the meta device
-        if isinstance(value, fake_type):
-            faker.log.tag(value, "inputs")
+        faker.log.tag(value, "inputs")
         return value
 
     return tree_map(one, batch)
