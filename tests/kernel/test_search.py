@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -52,9 +54,9 @@ def test_tf32_reuses_the_fp32_estimate_and_fp16_autocast_is_never_tried(
     estimated: list[tuple[Config, bool]] = []
     real = joint.estimate_workload
 
-    def counted(workload: object, config: Config, primed: bool = False) -> object:
+    def counted(workload: object, config: Config, primed: bool = False, **kw: Any) -> object:
         estimated.append((config, primed))
-        return real(workload, config, primed=primed)  # type: ignore[arg-type]
+        return real(workload, config, primed=primed, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(joint, "estimate_workload", counted)
     trial, budget = meta_gpt()
@@ -78,9 +80,9 @@ def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_
     timed: list[Config] = []
     real_estimate, real_time = joint.estimate_workload, Trial.step_time
 
-    def counted(workload: object, config: Config, primed: bool = False) -> object:
+    def counted(workload: object, config: Config, primed: bool = False, **kw: Any) -> object:
         estimated.append((config, primed))
-        return real_estimate(workload, config, primed=primed)  # type: ignore[arg-type]
+        return real_estimate(workload, config, primed=primed, **kw)  # type: ignore[arg-type]
 
     def counted_time(self: Trial, config: Config, steps: int = 2) -> object:
         timed.append(config)
@@ -218,9 +220,9 @@ def test_the_state_goes_to_the_cpu_only_where_nothing_else_fits(
     estimated: list[Config] = []
     real = joint.estimate_workload
 
-    def counted(workload: object, config: Config, primed: bool = False) -> object:
+    def counted(workload: object, config: Config, primed: bool = False, **kw: Any) -> object:
         estimated.append(config)
-        return real(workload, config, primed=primed)  # type: ignore[arg-type]
+        return real(workload, config, primed=primed, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(joint, "estimate_workload", counted)
     trial = _weights_heavy()
