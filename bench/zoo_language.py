@@ -26,102 +26,16 @@ def _decoder(config_name: str, model_name: str, **overrides: Any) -> Callable[..
     return build
 
 
-def _gpt2(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.GPT2Config(
-        vocab_size=d["vocab_size"],
-        n_embd=d["hidden_size"],
-        n_layer=d["num_hidden_layers"],
-        n_head=d["num_attention_heads"],
-        n_positions=d["max_position_embeddings"],
-    )
-    if attention is not None:
-        config._attn_implementation = attention
-    return lm(size, transformers.GPT2LMHeadModel(config), config.vocab_size)
-
-
-def _opt(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.OPTConfig(
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        ffn_dim=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"],
-        num_attention_heads=d["num_attention_heads"],
-        max_position_embeddings=d["max_position_embeddings"],
-        word_embed_proj_dim=d["hidden_size"],
-    )
-    if attention is not None:
-        config._attn_implementation = attention
-    return lm(size, transformers.OPTForCausalLM(config), config.vocab_size)
-
-
-def _falcon(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.FalconConfig(
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        num_hidden_layers=d["num_hidden_layers"],
-        num_attention_heads=d["num_attention_heads"],
-        num_kv_heads=d["num_key_value_heads"],
-        new_decoder_architecture=True,
-    )
-    if attention is not None:
-        config._attn_implementation = attention
-    return lm(size, transformers.FalconForCausalLM(config), config.vocab_size)
-
-
-def _neox(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.GPTNeoXConfig(
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"],
-        num_attention_heads=d["num_attention_heads"],
-        max_position_embeddings=d["max_position_embeddings"],
-    )
-    if attention is not None:
-        config._attn_implementation = attention
-    return lm(size, transformers.GPTNeoXForCausalLM(config), config.vocab_size)
-
-
-def _mamba(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.MambaConfig(
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"] // 2,
-        num_hidden_layers=d["num_hidden_layers"],
-        state_size=16,
-    )
-    return lm(size, transformers.MambaForCausalLM(config), config.vocab_size)
-
-
-def _masked(config_name: str, model_name: str) -> Callable[..., Built]:
-    """An encoder trained as a masked LM (labels: the inputs)."""
+def _family(
+    config_name: str, model_name: str, dims: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Callable[..., Built]:
+    """A language model trained on its inputs as labels: transformers' ``config_name`` made by
+    ``dims`` from the size's shared dimensions, and ``model_name`` built from it."""
 
     def build(size: str, attention: str | None) -> Built:
         import transformers
 
-        d = LM[size]
-        config = getattr(transformers, config_name)(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=d["num_attention_heads"],
-            max_position_embeddings=1024,
-        )
+        config = getattr(transformers, config_name)(**dims(LM[size]))
         if attention is not None:
             config._attn_implementation = attention
         return lm(size, getattr(transformers, model_name)(config), config.vocab_size)
@@ -129,42 +43,69 @@ def _masked(config_name: str, model_name: str) -> Callable[..., Built]:
     return build
 
 
-def _t5(size: str, attention: str | None) -> Built:
-    import transformers
-
-    d = LM[size]
-    config = transformers.T5Config(
-        vocab_size=d["vocab_size"],
-        d_model=d["hidden_size"],
-        d_ff=d["intermediate_size"],
-        d_kv=d["hidden_size"] // d["num_attention_heads"],
-        num_layers=d["num_hidden_layers"],
-        num_heads=d["num_attention_heads"],
-        decoder_start_token_id=0,
-        pad_token_id=0,
-    )
-    return lm(size, transformers.T5ForConditionalGeneration(config), d["vocab_size"])
+def _same(d: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: d[name] for name in names}
 
 
-def _bart(size: str, attention: str | None) -> Built:
-    import transformers
+def _gpt2(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        vocab_size=d["vocab_size"], n_embd=d["hidden_size"], n_layer=d["num_hidden_layers"],
+        n_head=d["num_attention_heads"], n_positions=d["max_position_embeddings"],
+    )  # fmt: skip
 
-    d = LM[size]
-    layers, heads, ffn = d["num_hidden_layers"], d["num_attention_heads"], d["intermediate_size"]
-    config = transformers.BartConfig(
-        vocab_size=d["vocab_size"],
-        d_model=d["hidden_size"],
-        encoder_layers=layers,
-        decoder_layers=layers,
-        encoder_attention_heads=heads,
-        decoder_attention_heads=heads,
-        encoder_ffn_dim=ffn,
-        decoder_ffn_dim=ffn,
+
+def _opt(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **_same(d, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "max_position_embeddings"),
+        ffn_dim=d["intermediate_size"], word_embed_proj_dim=d["hidden_size"],
+    )  # fmt: skip
+
+
+def _falcon(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **_same(d, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
+        num_kv_heads=d["num_key_value_heads"], new_decoder_architecture=True,
+    )  # fmt: skip
+
+
+def _neox(d: dict[str, Any]) -> dict[str, Any]:
+    return _same(
+        d, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "max_position_embeddings",
+    )  # fmt: skip
+
+
+def _mamba(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"] // 2,
+        num_hidden_layers=d["num_hidden_layers"], state_size=16,
+    )  # fmt: skip
+
+
+def _encoder(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **_same(d, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads"),
         max_position_embeddings=1024,
-    )
-    if attention is not None:
-        config._attn_implementation = attention
-    return lm(size, transformers.BartForConditionalGeneration(config), d["vocab_size"])
+    )  # fmt: skip
+
+
+def _t5(d: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        vocab_size=d["vocab_size"], d_model=d["hidden_size"], d_ff=d["intermediate_size"],
+        d_kv=d["hidden_size"] // d["num_attention_heads"], num_layers=d["num_hidden_layers"],
+        num_heads=d["num_attention_heads"], decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+
+
+def _bart(d: dict[str, Any]) -> dict[str, Any]:
+    layers, heads, ffn = d["num_hidden_layers"], d["num_attention_heads"], d["intermediate_size"]
+    return dict(
+        vocab_size=d["vocab_size"], d_model=d["hidden_size"], encoder_layers=layers,
+        decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, max_position_embeddings=1024,
+    )  # fmt: skip
 
 
 def _whisper(size: str, attention: str | None) -> Built:
@@ -210,10 +151,10 @@ FAMILIES: dict[str, Callable[[str, str | None], Built]] = {
     "qwen3": _decoder("Qwen3Config", "Qwen3ForCausalLM", all=dict(tie_word_embeddings=False)),
     "gemma2": _decoder("Gemma2Config", "Gemma2ForCausalLM", **_GEMMA),
     "phi3": _decoder("Phi3Config", "Phi3ForCausalLM", all=dict(pad_token_id=0)),
-    "gpt-neox": _neox,
-    "falcon": _falcon,
-    "opt": _opt,
-    "gpt2": _gpt2,
+    "gpt-neox": _family("GPTNeoXConfig", "GPTNeoXForCausalLM", _neox),
+    "falcon": _family("FalconConfig", "FalconForCausalLM", _falcon),
+    "opt": _family("OPTConfig", "OPTForCausalLM", _opt),
+    "gpt2": _family("GPT2Config", "GPT2LMHeadModel", _gpt2),
     "mixtral": _decoder(
         "MixtralConfig",
         "MixtralForCausalLM",
@@ -227,11 +168,11 @@ FAMILIES: dict[str, Callable[[str, str | None], Built]] = {
         tiny=dict(moe_intermediate_size=64, shared_expert_intermediate_size=64),
         bench=dict(moe_intermediate_size=704, shared_expert_intermediate_size=1408, num_experts=8),
     ),
-    "mamba": _mamba,
-    "bert": _masked("BertConfig", "BertForMaskedLM"),
-    "roberta": _masked("RobertaConfig", "RobertaForMaskedLM"),
-    "deberta-v3": _masked("DebertaV2Config", "DebertaV2ForMaskedLM"),
-    "t5": _t5,
-    "bart": _bart,
+    "mamba": _family("MambaConfig", "MambaForCausalLM", _mamba),
+    "bert": _family("BertConfig", "BertForMaskedLM", _encoder),
+    "roberta": _family("RobertaConfig", "RobertaForMaskedLM", _encoder),
+    "deberta-v3": _family("DebertaV2Config", "DebertaV2ForMaskedLM", _encoder),
+    "t5": _family("T5Config", "T5ForConditionalGeneration", _t5),
+    "bart": _family("BartConfig", "BartForConditionalGeneration", _bart),
     "whisper": _whisper,
 }
