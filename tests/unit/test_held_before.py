@@ -323,3 +323,13 @@ def test_a_layout_finds_the_workspaces_again_only_where_it_doubts_them(
     monkeypatch.setattr(fake_peaks, "_make_workspaces", lambda _torch, _device: stuck.make())
     torch.cuda.memory_snapshot = stuck.snapshot
     assert fake_peaks.library_workspaces(torch, cuda) is None and not marked()
+
+
+def test_on_another_card_the_breakdown_still_sums_to_the_peak() -> None:
+    here = _estimate(_peaks(count_held=False))
+    for other in ("RTX-4090", "A100-40GB", "T4"):
+        there = _estimate(_peaks(count_held=False), other)
+        assert there.breakdown is not None and here.breakdown is not None
+        assert sum(there.breakdown.values()) == there.peak_bytes
+        moved = there.peak_bytes - here.peak_bytes
+        assert there.breakdown["library_workspace"] == here.breakdown["library_workspace"] + moved

@@ -87,7 +87,16 @@ def on_card(
         found,
         peak_bytes=found.peak_bytes + delta,
         peak_reserved_bytes=reserved,
+        breakdown=_workspaces_moved(found.breakdown, delta),
         device_total_bytes=on.total_bytes,
         verdict=verdict.verdict(on, reserved, found.context_bytes, found.breakdown, nccl),
         notes=tuple(notes),
     )
+
+
+def _workspaces_moved(breakdown: dict[str, int] | None, delta: int) -> dict[str, int] | None:
+    """``breakdown`` with the target's library workspaces, so that it still sums to the peak."""
+    if not breakdown or not delta:
+        return breakdown
+    into = "library_workspace" if breakdown.get("library_workspace") else "unattributed"
+    return {**breakdown, into: breakdown.get(into, 0) + delta}
