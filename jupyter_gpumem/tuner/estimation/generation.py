@@ -17,6 +17,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -376,10 +377,7 @@ def _positions_of(mask: Any) -> Iterator[None]:
 def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
     """Whether this call's cache will be transformers' dynamic cache of plain growing layers,
     and nothing else a step keeps grows with the steps (beams, scores, assistants)."""
-    config = getattr(model, "generation_config", None)
-
-    def setting(name: str) -> Any:
-        return kwargs[name] if name in kwargs else getattr(config, name, None)
+    setting = functools.partial(_setting, model, kwargs)
 
     def plain(value: Any) -> bool:  # off, or one beam
         return value is None or value is False or (type(value) is int and value == 1)
@@ -402,14 +400,17 @@ def _grows_by_cat(model: Any, kwargs: dict[str, Any]) -> bool:
 def _counted_from_prompt(model: Any, kwargs: dict[str, Any], max_new_tokens: int) -> bool:
     """Whether a step's work changes at a step counted from the prompt (``_FROM_PROMPT``, or
     ``min_new_tokens`` ending before the call does)."""
-    config = getattr(model, "generation_config", None)
-
-    def setting(name: str) -> Any:
-        return kwargs[name] if name in kwargs else getattr(config, name, None)
-
+    setting = functools.partial(_setting, model, kwargs)
     least = setting("min_new_tokens")
     ends_inside = bool(least) and least < max_new_tokens
     return ends_inside or any(setting(name) is not None for name in _FROM_PROMPT)
+
+
+def _setting(model: Any, kwargs: dict[str, Any], name: str) -> Any:
+    """generate's ``name`` for this call: as given, else the model's generation config's."""
+    if name in kwargs:
+        return kwargs[name]
+    return getattr(getattr(model, "generation_config", None), name, None)
 
 
 def _made_ahead(model: Any, kwargs: dict[str, Any]) -> bool:
