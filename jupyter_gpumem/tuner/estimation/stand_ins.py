@@ -34,8 +34,7 @@ def stand_in(torch: Any, func: Any) -> Callable[..., Any] | None:
 def kernel_buffers(torch: Any, func: Any, args: tuple[Any, ...], kwargs: Any) -> list[Any]:
     """The buffers ``func``'s CUDA kernel allocates for itself while it runs, made (fake) in
     the order it makes them; none for other ops and devices."""
-    grouped = getattr(torch.ops.aten, "_grouped_mm", None)
-    if grouped is None or func is not grouped.default:
+    if func is not _grouped(torch):
         return []
     mat_a = args[0]
     if mat_a.device.type != "cuda" or mat_a.dtype != torch.bfloat16:
@@ -52,10 +51,15 @@ def cutlass_buffers(groups: int) -> tuple[int, int]:
 
 @functools.cache
 def _stand_ins(torch: Any) -> dict[Any, Callable[..., Any]]:
-    grouped = getattr(torch.ops.aten, "_grouped_mm", None)
-    if grouped is None:  # a torch before grouped GEMMs
-        return {}
-    return {grouped.default: functools.partial(grouped_mm_output, torch)}
+    grouped = _grouped(torch)
+    return {} if grouped is None else {grouped: functools.partial(grouped_mm_output, torch)}
+
+
+@functools.cache
+def _grouped(torch: Any) -> Any:
+    """``aten._grouped_mm.default``; None in a torch before grouped GEMMs."""
+    packet = getattr(torch.ops.aten, "_grouped_mm", None)
+    return None if packet is None else packet.default
 
 
 def grouped_mm_output(
