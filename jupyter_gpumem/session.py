@@ -47,6 +47,7 @@ from jupyter_gpumem.tracking.ranks import (
     write_report,
 )
 from jupyter_gpumem.tracking.recorder import Recorder, RecordOptions
+from jupyter_gpumem.units import echoed_kind
 from jupyter_gpumem.workers.rank_reports import (
     RankCollection,
     current_rank,
@@ -277,13 +278,19 @@ def record(
     ``record("run.json")`` writes ``run.rank<N>.json``, N being the rank (torch.distributed's
     when it is up at the end of the block, else torchrun's ``RANK``, else 0). Without a path,
     inside a `%%gpumem` cell (``!torchrun train.py``), the file goes to the cell's rank folder
-    and the cell's report shows it.
+    and the cell's report shows it. ``name``, a string, labels every rank's report (else
+    ``rank <N>``).
     """
     folder = os.environ.get(RANKS_DIR_ENV)
     if path is None and folder is None:
         raise ValueError(
             "record() needs a file to write, e.g. record('run.json'), unless it runs under a "
             "%%gpumem cell"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            "record(name=...) takes a string that labels the report, such as 'warm-up', or "
+            f"None for 'rank <N>'; got {echoed_kind(name)}"
         )
     if path is not None:
         _check_writable(path)

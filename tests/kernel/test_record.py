@@ -73,3 +73,33 @@ def test_a_full_disk_keeps_the_report_and_leaves_no_debris(
             x = torch.ones(1000)
     assert list(tmp_path.iterdir()) == []  # neither the file nor a partial one
     assert m.report is not None and m.report.peak_allocated_bytes >= x.nbytes
+
+
+@pytest.mark.parametrize("name", [5, b"run", ["a"]])
+def test_a_name_that_is_not_a_string_is_refused_before_the_block_runs_on_every_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: object
+) -> None:
+    import jupyter_gpumem
+
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        ran = []
+        with pytest.raises(TypeError, match=r"record\(name=\.\.\.\) takes a string"):
+            with jupyter_gpumem.record(tmp_path / "run.json", name=name):  # type: ignore[arg-type]
+                ran.append(1)
+        assert ran == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_rank_of_a_named_record_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jupyter_gpumem
+
+    name = "warm-up \ud800"  # any string, a lone surrogate too
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        with jupyter_gpumem.record(tmp_path / "run.json", name=name):
+            torch.ones(10)
+    loaded = jupyter_gpumem.load_reports(tmp_path / "run.json")
+    assert [(r.rank, r.name) for r in loaded.ranks] == [(0, name), (1, name)]
