@@ -25,7 +25,7 @@ def test_readme_starts_with_the_main_job_and_the_test_suite() -> None:
     assert "\n## " not in readme[:first_block]
     main_job, tests = _readme_commands()
     assert main_job.endswith("python -m jupyter_gpumem demo")
-    assert tests.endswith("npm --prefix labextension run test:ui")
+    assert tests.endswith(" && python tests/run_all.py")
     for command in (main_job, tests):
         assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
 
