@@ -8,8 +8,12 @@ the samples itself, in the test that checks it shows as literal text.
 
 With ``JUPYTER_GPUMEM_UI_NVML_ERROR`` set to a failure of the stand-in (a key of
 ``tests.support.nvml_fake.ERROR_CODES``, e.g. ``library_not_found``), NVML fails to start
-as on a machine without a GPU; live.spec.ts starts a second server so, on another port
-(``JUPYTER_GPUMEM_UI_PORT``).
+as on a machine without a GPU; tests/no_gpu_server.ts starts a second server so.
+
+The port is ``JUPYTER_GPUMEM_UI_PORT``: playwright.config.js picks a free one for each server it
+starts (8891 when this configuration is run by hand, ``npm start``), and the server fails
+rather than move to another port (``port_retries = 0``), so the tests never reach a server
+they did not start.
 
 The labextension is served from this checkout's build (``jupyter_gpumem/labextension``),
 so the tests exercise the code under test even if another copy is installed.
@@ -42,6 +46,7 @@ if not (BUILT / "package.json").exists():
 configure_jupyter_server(c)  # noqa: F821 (c is the config object Jupyter passes in)
 
 c.ServerApp.port = int(os.environ.get("JUPYTER_GPUMEM_UI_PORT", "8891"))  # noqa: F821
+c.ServerApp.port_retries = 0  # noqa: F821
 c.ServerApp.allow_root = True  # noqa: F821
 c.ServerApp.jpserver_extensions = {"jupyter_gpumem": True}  # noqa: F821
 # Settings changed by a test stay in this run.

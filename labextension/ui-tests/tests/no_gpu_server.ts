@@ -1,7 +1,7 @@
 /**
  * A second JupyterLab server for the tests of a machine without a GPU: the same configuration
  * as the first (jupyter_server_test_config.py), its NVML stand-in failing to start ("library
- * not found"), on the next port. `useNoGpuServer()` inside a `test.describe` starts it before
+ * not found"), on a port of its own. `useNoGpuServer()` inside a `test.describe` starts it before
  * the group's tests, points their pages at it, and stops it after them.
  */
 import { expect, test } from '@jupyterlab/galata';
@@ -9,8 +9,19 @@ import { ChildProcess, spawn } from 'child_process';
 import * as path from 'path';
 
 const UI_TESTS = path.resolve(__dirname, '..');
-const NO_GPU_PORT = String(Number(process.env.JUPYTER_GPUMEM_UI_PORT || '8891') + 1);
+// Picked free by playwright.config.js, as the first server's port is.
+const NO_GPU_PORT = process.env.JUPYTER_GPUMEM_UI_NO_GPU_PORT;
 export const NO_GPU_URL = `http://localhost:${NO_GPU_PORT}`;
+
+/** Whether anything answers HTTP at `url`. */
+async function answers(url: string): Promise<boolean> {
+  try {
+    await fetch(url);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 async function waitForServer(server: ChildProcess, log: () => string): Promise<void> {
   const deadline = Date.now() + 120000;
@@ -38,6 +49,12 @@ export function useNoGpuServer(): void {
 
   test.beforeAll(async ({}, testInfo) => {
     testInfo.setTimeout(150000);
+    if (!NO_GPU_PORT) {
+      throw new Error('JUPYTER_GPUMEM_UI_NO_GPU_PORT is unset: playwright.config.js sets it');
+    }
+    if (await answers(NO_GPU_URL)) {
+      throw new Error(`${NO_GPU_URL} already answers: a server this run did not start`);
+    }
     let output = '';
     server = spawn('jupyter', ['lab', '--config', 'jupyter_server_test_config.py'], {
       cwd: UI_TESTS,
