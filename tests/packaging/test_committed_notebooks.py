@@ -1,9 +1,11 @@
 """Every committed notebook is committed without outputs, so running one leaves `git status` clean.
 
 JupyterLab saves what a run produced (outputs, execution counts, widget state) into the file it
-ran; a notebook committed without them can only gain them in a user's copy. The UI tests and
-`python -m jupyter_gpumem demo` never run a committed notebook in place: Galata uploads a copy
-to its server's temporary root, and the demo writes the executed notebook to `--output` only.
+ran; a notebook committed without them can only gain them in a user's copy. Nothing of ours
+runs a committed notebook in place: `python -m jupyter_gpumem lab` opens copies in the git-ignored
+gpumem-notebooks/ (test_lab_command.py), Galata uploads a copy to its server's temporary root
+(and the UI run fails if a committed notebook changed), and the demo writes the executed
+notebook to `--output` only.
 """
 
 from __future__ import annotations
