@@ -35,7 +35,7 @@ from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tuner.estimation import cards, fake_peaks
+from jupyter_gpumem.tuner.estimation import cards, fake_peaks, without_cuda
 from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
@@ -109,8 +109,15 @@ def estimate_workload(
     t0 = time.perf_counter()
     device = workload.device
     target = None if gpu is None else cards.card(gpu)
-    if target is not None and device.type != "cuda":
-        raise ValueError(f"gpu={gpu!r} names a CUDA card, but the trial's device is {device}")
+    if without_cuda.needed(torch, device, gpu):
+        card = without_cuda.card_for(gpu)
+        why = without_cuda.refused(card, config, _uses_bf16(workload, config))
+        if why is not None:
+            return unavailable(config, card.name, why, batch_size, t0)
+        return without_cuda.estimate(
+            workload, config, card, batch=batch, make_batch=make_batch,
+            batch_size=batch_size, primed=primed,
+        )  # fmt: skip
     missing = cuda_unusable(torch, device)
     if missing is None and target is not None and not target.bf16 and _uses_bf16(workload, config):
         missing = f"the {target.name} has no bfloat16 support; choose fp16-autocast or fp32"

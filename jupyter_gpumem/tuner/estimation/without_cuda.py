@@ -1,13 +1,13 @@
-"""A CUDA estimate on a torch without CUDA: the fake step on the stand-in device, in a child process.
+"""A CUDA estimate on a torch without CUDA: the fake step on the stand-in device, in a worker process.
 
-Asked for a GPU from a CPU-only torch (``device="cuda"`` there, or ``gpu=`` with
-``device="cpu"``), the estimate runs in a process forked for it: the model, optimizer and batch
-are the kernel's, read and never written (the child's pages are its own copies), and the child
-registers the stand-in device (:mod:`.cuda_stand_in`), which would change the kernel's torch for
-good. There the model goes to the meta device (real weights only say their layout), the fake
-step runs on the stand-in device, and the allocator model places its storages from a fresh
-process's layout on the card. The figures come back as an :class:`~.estimate.Estimate`, with
-the line "estimated without CUDA, for the <card>" first among its notes.
+Asked for a GPU where torch has no CUDA or no GPU is present (``device="cuda"`` there, or
+``gpu=`` with ``device="cpu"``), the estimate runs in a process of its own (:class:`Worker`),
+which registers the stand-in device (:mod:`.cuda_stand_in`): that would change the kernel's torch
+for good. The model, optimizer and batch travel as their layouts (every tensor a meta tensor,
+no weights copied); the fake step runs on the stand-in device, and the allocator model places
+its storages from a fresh process's layout on the card. The figures come back as an
+:class:`~.estimate.Estimate`, with the line "estimated without CUDA, for the <card>" first among
+its notes.
 
 Known limitations:
 - No GPU is asked about: the card's capacity, workspaces and CUDA context come from tables
@@ -15,14 +15,18 @@ Known limitations:
 - Ops that branch on ``device.type == "cuda"`` in the user's or a library's Python code take
   their other branch; kernels that allocate for themselves (cuDNN's convolution workspaces) are
   not modelled.
-- Forking needs a POSIX system (Linux, macOS); elsewhere the estimate says so.
+- The worker's first job imports torch and the model's libraries (seconds); later ones do
+  not. What cannot be pickled (a loss function holding an open file) cannot travel, and the
+  estimate says so.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing
-import os
 import pickle
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
+from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, cuda_stand_in, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
@@ -39,16 +44,30 @@ DEFAULT_CARD = "H100-80GB"  # the card of device="cuda" without gpu=, on a torch
 
 
 def needed(torch: Any, device: Any, gpu: str | None) -> bool:
-    """Whether an estimate on ``device`` for ``gpu`` goes without CUDA: a CUDA device on a
-    torch built without it, or a card named for a trial on another device."""
+    """Whether an estimate on ``device`` for ``gpu`` goes without CUDA: a CUDA device where
+    torch is built without it or no GPU is present, or a card named for a trial on another
+    device."""
     if device.type == "cuda":
-        return not torch.backends.cuda.is_built()
+        return not torch.backends.cuda.is_built() or not cuda_present(torch)
     return gpu is not None
 
 
 def card_for(gpu: str | None) -> cards.Card:
     """The card an estimate without CUDA is for: ``gpu``, or :data:`DEFAULT_CARD`."""
     return cards.card(DEFAULT_CARD if gpu is None else gpu)
+
+
+def refused(card: cards.Card, config: Config, bf16: bool) -> str | None:
+    """Why ``config`` cannot be estimated for ``card`` without CUDA; None where it can."""
+    if config.parallel is not None:
+        return (
+            f"a parallel configuration ({config.parallel}) is estimated per rank where CUDA is "
+            "built; without CUDA, estimate one process's configuration (parallel=None) or run "
+            "where CUDA is"
+        )
+    if bf16 and not card.bf16:
+        return f"the {card.name} has no bfloat16 support; choose fp16-autocast or fp32"
+    return None
 
 
 def headline(card: cards.Card) -> str:
@@ -67,54 +86,141 @@ def estimate(
     primed: bool = False,
     notes: tuple[str, ...] = (),
 ) -> Estimate:
-    """The estimate of ``workload`` under ``config`` on ``card``, made in a forked child."""
+    """The estimate of ``workload`` under ``config`` on ``card``, made in the worker process."""
     import torch
 
     t0 = time.perf_counter()
     why = cuda_stand_in.unavailable(torch)
-    if why is None and "fork" not in multiprocessing.get_all_start_methods():
-        why = "estimating for a GPU without CUDA forks a process, which this system cannot"
     if why is not None:
         return unavailable(config, card.name, why, batch_size, t0)
-
-    def child() -> Estimate:
-        return _in_child(workload, config, card, batch, make_batch, batch_size, primed, t0)
-
-    found = in_fork(child)
+    job = (workload, config, card, batch, make_batch, batch_size, primed)
+    try:
+        found = WORKER.call(_estimate_job, job)
+    except BaseException:
+        WORKER.stop()  # an interrupt leaves the worker mid-estimate: a fresh one next time
+        raise
     if isinstance(found, str):
         return unavailable(config, card.name, found, batch_size, t0)
-    return replace(found, notes=(*found.notes, *notes))
+    return replace(found, notes=(*found.notes, *notes), wall_s=time.perf_counter() - t0)
 
 
-def in_fork(work: Callable[[], Any]) -> Any:
-    """``work()`` run in a forked child, its result pickled back; a string says why it failed."""
-    context = multiprocessing.get_context("fork")
-    reader, writer = context.Pipe(duplex=False)
+def _estimate_job(job: tuple[Any, ...]) -> Estimate:
+    workload, config, card, batch, make_batch, batch_size, primed = job
+    return _in_child(
+        workload, config, card, batch, make_batch, batch_size, primed, time.perf_counter()
+    )
 
-    def main() -> None:
+
+class Worker:
+    """One process, started on first use and kept, that runs jobs on the stand-in device.
+
+    It is spawned, not forked: autograd sizes its device queues once per process, at its first
+    backward, so the device must be registered before any backward in the process runs it. A
+    job travels pickled by value (cloudpickle), every tensor as its layout alone (a meta
+    tensor of the same storage), so a model's weights are never copied.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._conn: Any = None
+
+    def call(self, work: Callable[[Any], Any], job: Any) -> Any:
+        """``work(job)`` in the worker; a string says why it failed."""
+        with self._lock:
+            payload = layouts(job)
+            if self._process is None or not self._process.is_alive():
+                self._start()
+            try:
+                self._conn.send_bytes(pickle.dumps(sys.path))  # modules imported since
+                self._conn.send_bytes(layouts(work))
+                self._conn.send_bytes(payload)
+                answer = self._conn.recv_bytes()
+            except (EOFError, OSError, BrokenPipeError):
+                code = self._process.exitcode if self._process is not None else None
+                self.stop()
+                return f"the estimate's process ended without an answer (exit code {code})"
+        status, value = pickle.loads(answer)
+        return value if status == "ok" else str(value)
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        self._process = context.Process(target=_serve, args=(theirs,), daemon=True)
+        self._process.start()
+        theirs.close()
+        self._conn = mine
+
+    def stop(self) -> None:
+        """End the worker (the next call starts another)."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._process = self._conn = None
+
+
+WORKER = Worker()
+
+
+def layouts(obj: Any) -> bytes:
+    """``obj`` pickled by value (cloudpickle), each tensor storage as its size alone."""
+    import cloudpickle
+    import torch
+
+    seen: dict[int, int] = {}
+
+    class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # untyped base
+        def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, torch.storage.TypedStorage):
+                untyped, dtype = o._untyped_storage, o.dtype
+            elif isinstance(o, torch.UntypedStorage):
+                untyped, dtype = o, None
+            else:
+                return None
+            key = seen.setdefault(untyped._cdata, len(seen))  # one storage, however many views
+            return ("storage", key, dtype, untyped.nbytes())
+
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
+def from_layouts(data: bytes) -> Any:
+    """What :func:`layouts` pickled, every storage on the meta device."""
+    import torch
+
+    made: dict[int, Any] = {}
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            _, key, dtype, nbytes = pid
+            if key not in made:
+                made[key] = torch.UntypedStorage(nbytes, device="meta")
+            if dtype is None:
+                return made[key]
+            return torch.storage.TypedStorage(wrap_storage=made[key], dtype=dtype, _internal=True)
+
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _serve(conn: Any) -> None:
+    """The worker's loop: the stand-in device registered first, then one job after another."""
+    import torch
+
+    cuda_stand_in.device(torch)
+    while True:
         try:
-            payload = pickle.dumps(("ok", work()))
-        except BaseException as exc:  # everything goes back, as the reason
+            path, work_bytes, job_bytes = conn.recv_bytes(), conn.recv_bytes(), conn.recv_bytes()
+        except EOFError:
+            return
+        sys.path[:] = [*sys.path, *(p for p in pickle.loads(path) if p not in sys.path)]
+        try:
+            work = pickle.loads(work_bytes)
+            answer = pickle.dumps(("ok", work(from_layouts(job_bytes))))
+        except BaseException as exc:  # every failure goes back as the reason
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            payload = pickle.dumps(("failed", detail))
-        try:
-            writer.send_bytes(payload)
-        finally:
-            os._exit(0)
-
-    process = context.Process(target=main, daemon=True)
-    process.start()
-    writer.close()
-    try:
-        payload = reader.recv_bytes()
-    except EOFError:
-        process.join()
-        return f"the estimate's process ended without an answer (exit code {process.exitcode})"
-    finally:
-        reader.close()
-    process.join()
-    status, value = pickle.loads(payload)
-    return value if status == "ok" else str(value)
+            answer = pickle.dumps(("failed", detail))
+        conn.send_bytes(answer)
 
 
 def _in_child(
@@ -127,7 +233,7 @@ def _in_child(
     primed: bool,
     t0: float,
 ) -> Estimate:
-    """The estimate, in the child: the stand-in device registered, the model on meta."""
+    """The estimate, in the worker: the model on the meta device, the step on the stand-in."""
     import torch
     from torch.utils._pytree import tree_map
 

@@ -1,0 +1,201 @@
+"""Estimates for a GPU from a torch without CUDA: the stand-in device, its tables, and the verdicts.
+
+The stand-in device is registered only in the worker process (it changes the process for good), so
+every check that needs it runs in the estimate's worker process. The figures are compared
+with what the same configurations measured on an H200 (``tests/fixtures/h200_measured.json``,
+written on the GPU machine by ``bench/model_zoo.py``; the kind and versions are in the file).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from jupyter_gpumem.techniques import Config  # noqa: E402
+from jupyter_gpumem.tuner.estimation import (  # noqa: E402
+    cards,
+    cuda_attention,
+    cuda_autocast,
+    cuda_stand_in,
+    without_cuda,
+)
+from jupyter_gpumem.tuner.trial import Trial  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "h200_measured.json"
+
+pytestmark = pytest.mark.skipif(
+    cuda_stand_in.unavailable(torch) is not None, reason="torch too old for the stand-in device"
+)
+
+
+def _mlp() -> tuple[Any, Any, Any]:
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 10)
+        )
+    batch = torch.randn(64, 256)
+    return model, batch, lambda m, b: m(b).float().logsumexp(-1).mean()
+
+
+# -- the tables ----------------------------------------------------------------------------------
+def test_the_autocast_table_is_the_policy_this_torch_registers_for_cuda() -> None:
+    registered = cuda_autocast.cuda_autocast_ops(torch)
+    assert cuda_autocast.unlisted(torch) == ()
+    assert cuda_autocast.listed() <= registered | {"aten::rms_norm"}
+
+
+def _dtypes_under_autocast(_: Any) -> dict[str, str]:
+    device = cuda_stand_in.device(torch)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.autocast(device.type, dtype=torch.bfloat16):
+        x = torch.empty(8, 16, device=device)
+        w = torch.nn.Parameter(torch.empty(16, 16, device=device))
+        y = torch.nn.functional.linear(x, w)
+        out = {
+            "linear": y,
+            "layer_norm": torch.nn.functional.layer_norm(y, (16,)),
+            "softmax": torch.softmax(y, -1),
+            "sum": y.sum(),
+            "sin": torch.sin(y),
+            "addcmul": torch.addcmul(x, y, y),
+        }
+        again = torch.nn.functional.linear(x, w)
+        cached = again.dtype == y.dtype
+    return {**{k: str(v.dtype) for k, v in out.items()}, "cached": str(cached)}
+
+
+def test_the_stand_in_device_autocasts_as_cuda_does_not_as_the_cpu_does() -> None:
+    got = without_cuda.WORKER.call(_dtypes_under_autocast, None)
+    assert got == {
+        "linear": "torch.bfloat16",
+        "layer_norm": "torch.float32",  # fp32 on CUDA; the CPU keeps bf16
+        "softmax": "torch.float32",
+        "sum": "torch.float32",
+        "sin": "torch.bfloat16",  # not in the policy: the input's dtype
+        "addcmul": "torch.float32",  # promote: the widest input
+        "cached": "True",
+    }
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(torch.ones(2, 4), torch.ones(4, 4))
+        assert torch.nn.functional.layer_norm(y, (4,)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("dtype", "heads", "head_dim", "mask", "gqa", "expected"),
+    [
+        (torch.bfloat16, (8, 8), 64, False, False, "flash"),
+        (torch.float16, (8, 2), 128, False, True, "flash"),
+        (torch.bfloat16, (8, 8), 64, True, False, "efficient"),
+        (torch.float32, (8, 8), 64, False, False, "efficient"),
+        (torch.float32, (8, 8), 6, False, False, "math"),
+        (torch.float32, (8, 2), 64, False, True, "math"),
+        (torch.bfloat16, (8, 8), 512, False, False, "efficient"),
+    ],
+)
+def test_attention_picks_the_kernel_cuda_picks(
+    dtype: Any, heads: tuple[int, int], head_dim: int, mask: bool, gqa: bool, expected: str
+) -> None:
+    q = torch.empty(2, heads[0], 32, head_dim, dtype=dtype, device="meta")
+    kv = torch.empty(2, heads[1], 32, head_dim, dtype=dtype, device="meta")
+    m = torch.empty(2, 1, 32, 32, dtype=torch.bool, device="meta") if mask else None
+    assert cuda_attention.backend(torch, q, kv, kv, m, gqa) == expected
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(256, 768)
+
+    def forward(self, x: Any) -> Any:
+        q, k, v = self.qkv(x).view(x.size(0), x.size(1), 3, 4, 64).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_flash_attention_keeps_no_score_matrix() -> None:
+    with torch.device("meta"):
+        model = _Attention()
+    batch = torch.randn(2, 2048, 256)
+    opt = torch.optim.SGD(model.parameters())
+    trial = Trial(model, batch, lambda m, b: m(b).float().mean(), optimizer=opt, device="cpu")
+    on_gpu = trial.estimate(gpu="H200", precision="bf16-autocast")
+    scores = 2 * 4 * 2048 * 2048 * 2  # one bf16 score matrix: 64 MiB
+    assert on_gpu.peak_bytes is not None, on_gpu.reason
+    assert on_gpu.breakdown["activations"] < scores / 4
+    assert on_gpu.notes[0] == "estimated without CUDA, for the H200"
+
+
+# -- the entry points ----------------------------------------------------------------------------
+def test_a_cpu_trial_with_a_gpu_named_answers_for_that_card() -> None:
+    model, batch, loss = _mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    found = Trial(model, batch, loss, optimizer=opt, device="cpu").estimate(gpu="RTX-4090")
+    assert found.peak_bytes is not None, found.reason
+    assert found.notes[0] == "estimated without CUDA, for the RTX-4090"
+    assert found.verdict is not None and found.verdict.fits
+    assert found.device_total_bytes == cards.card("RTX-4090").total_bytes
+    assert sum(found.breakdown.values()) == found.peak_bytes
+    # the library workspaces of a fresh process on an Ada card: torch's defaults, two handles
+    assert found.breakdown["library_workspace"] == sum(
+        cuda_stand_in.workspaces(cards.card("RTX-4090"))
+    )
+    assert all(p.is_meta for p in model.parameters())  # the kernel's model untouched
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="a torch built with CUDA")
+def test_a_cuda_trial_on_a_torch_without_cuda_answers_for_an_h100() -> None:
+    model, batch, loss = _mlp()
+    opt = torch.optim.SGD(model.parameters())
+    found = Trial(model, batch, loss, optimizer=opt, device="cuda").estimate()
+    assert found.peak_bytes is not None, found.reason
+    assert found.notes[0] == "estimated without CUDA, for the H100-80GB"
+
+
+def test_what_cannot_be_estimated_without_cuda_says_why() -> None:
+    model, batch, loss = _mlp()
+    trial = Trial(model, batch, loss, optimizer=torch.optim.AdamW(model.parameters()), device="cpu")
+    no_bf16 = trial.estimate(gpu="T4", precision="bf16-autocast")
+    assert no_bf16.peak_bytes is None and "no bfloat16 support" in no_bf16.reason
+    ranks = trial.estimate(gpu="H200", config=Config(parallel="ddp", world_size=2))
+    assert ranks.peak_bytes is None and "parallel=None" in ranks.reason
+    with pytest.raises(ValueError, match="unknown gpu"):
+        trial.estimate(gpu="H300")
+
+
+def test_a_failure_in_the_child_comes_back_as_its_reason() -> None:
+    def fails(_: Any) -> None:
+        raise RuntimeError("the step cannot run")
+
+    assert without_cuda.WORKER.call(fails, None) == "RuntimeError: the step cannot run"
+    assert without_cuda.WORKER.call(_dtypes_under_autocast, None)["linear"] == "torch.bfloat16"
+
+
+# -- against the H200 ----------------------------------------------------------------------------
+def _fixture() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.mark.parametrize("name", ["gpt2-fp32", "llama-bf16-autocast"])
+def test_estimated_without_cuda_as_measured_on_an_h200(name: str) -> None:
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import model_zoo
+    import zoo
+
+    row = next(r for r in _fixture()["cases"] if r["case"] == name)
+    case = zoo.case(name)
+    built = case.build("meta", "bench")
+    trial = model_zoo.trial_of(case, built, "cpu")
+    found = trial.estimate(gpu="H200", config=model_zoo.config_of(case))
+    assert found.peak_bytes is not None, found.reason
+    assert found.peak_bytes == pytest.approx(row["measured_allocated"], rel=0.02)
+    assert found.peak_reserved_bytes == pytest.approx(row["measured_reserved"], rel=0.05)
+    # the GPU machine's own estimate of the same configuration
+    assert found.peak_bytes == pytest.approx(row["estimated_allocated"], rel=0.005)
