@@ -297,19 +297,54 @@ class _MarkFailed:
         self.shell.last_execution_succeeded = False
 
 
-def await_transform(shell: InteractiveShell, magic_name: str) -> Callable[[list[str]], list[str]]:
-    """An input transformer that makes a `%%magic_name` cell with an async body awaitable."""
-    prefix = f"get_ipython().run_cell_magic({magic_name!r}, "
+# What a cell that a Ctrl-C cut while it was read runs instead: the plain cell's error.
+INTERRUPTED = "raise KeyboardInterrupt  # Ctrl-C while IPython read the cell\n"
 
-    def await_async_body(lines: list[str]) -> list[str]:
-        if not lines or not lines[0].startswith(prefix):
-            return lines
+
+class AwaitTransform:
+    """The input transformer that makes a `%%magic_name` cell with an async body awaitable.
+
+    IPython reads every cell through it before the cell runs, outside the cell's own error
+    handling: a Ctrl-C that lands there becomes the cell's KeyboardInterrupt, as one in the
+    cell's code does, because the cell read becomes :data:`INTERRUPTED`. It stays so for that
+    cell until the cell has run (``post_execute``), since ipykernel reads a cell once to choose
+    how to run it and ``run_cell`` reads it again. A Ctrl-C at the very instruction that enters
+    it is IPython's, as it is for any cell.
+    """
+
+    def __init__(self, shell: InteractiveShell, magic_name: str) -> None:
+        self.shell = shell
+        self.magic_name = magic_name
+        self.prefix = f"get_ipython().run_cell_magic({magic_name!r}, "
+        self.cut: str | None = None  # the cell a Ctrl-C cut while it was read, until it ran
+        self._nested = False  # reading the body: the outer call answers for a Ctrl-C
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        try:
+            if self.cut is not None and "".join(lines) == self.cut:
+                return [INTERRUPTED]
+            if not lines or not lines[0].startswith(self.prefix):
+                return lines
+            return self._awaited(lines)
+        except KeyboardInterrupt:
+            if self._nested:
+                raise
+            if self.cut is None:
+                self.shell.events.register("post_execute", self.forget)
+            self.cut = "".join(lines)
+            return [INTERRUPTED]
+
+    def _awaited(self, lines: list[str]) -> list[str]:
         try:
             call = magic_call("".join(lines))
-            if call is None or call.awaited or call.name != magic_name:
+            if call is None or call.awaited or call.name != self.magic_name:
                 return lines
-            source = shell.transform_cell(call.cell)
-            if not shell.should_run_async(
+            try:
+                self._nested = True
+                source = self.shell.transform_cell(call.cell)
+            finally:
+                self._nested = False
+            if not self.shell.should_run_async(
                 call.cell, transformed_cell=source, preprocessing_exc_tuple=None
             ):
                 return lines
@@ -317,11 +352,23 @@ def await_transform(shell: InteractiveShell, magic_name: str) -> Callable[[list[
             return lines
         return ["await " + lines[0], *lines[1:]]
 
-    return await_async_body
+    def forget(self) -> None:
+        """After the cut cell ran (``post_execute``): read cells afresh."""
+        self.cut = None
+        if self.forget in self.shell.events.callbacks.get("post_execute", ()):
+            self.shell.events.unregister("post_execute", self.forget)
+
+
+def await_transform(shell: InteractiveShell, magic_name: str) -> AwaitTransform:
+    """The input transformer that makes a `%%magic_name` cell with an async body awaitable."""
+    return AwaitTransform(shell, magic_name)
 
 
 def forget(shell: InteractiveShell) -> None:
-    """Drop a pending ``_MarkFailed`` (the extension is unloaded by the failing cell itself)."""
+    """Drop a pending ``_MarkFailed`` and a transformer's cut cell (the extension is unloaded
+    by the failing cell itself)."""
     for callback in list(shell.events.callbacks.get("post_execute", ())):
-        if isinstance(callback, _MarkFailed):
+        if isinstance(callback, _MarkFailed) or isinstance(
+            getattr(callback, "__self__", None), AwaitTransform
+        ):
             shell.events.unregister("post_execute", callback)

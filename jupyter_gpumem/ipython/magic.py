@@ -76,14 +76,20 @@ class GpuMemMagics(Magics):
                 "a body with top-level await runs only as a %%gpumem cell of its own, "
                 "not through run_cell_magic while an event loop runs"
             )
-        if body is None:
-            coro = self._failed(running, prepared)
-        else:
-            _import_torch_first(body.tree)
-            coro = self._tracked(opts, body, running, count, expected)
-        if awaited:
-            return coro  # the cell reads `await get_ipython().run_cell_magic(...)`
-        return cell_run.run_now(shell, coro, body is not None and body.needs_async)
+        coro = None
+        try:
+            if body is None:
+                coro = self._failed(running, prepared)
+            else:
+                _import_torch_first(body.tree)
+                coro = self._tracked(opts, body, running, count, expected)
+            if awaited:
+                return coro  # the cell reads `await get_ipython().run_cell_magic(...)`
+            return cell_run.run_now(shell, coro, body is not None and body.needs_async)
+        except BaseException:
+            if coro is not None:
+                coro.close()  # a Ctrl-C before it started: no "never awaited" warning later
+            raise
 
     gpumem.__doc__ = f"{CELL_HELP}\nAs a line magic: {LINE_USAGE}\n"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -50,11 +51,13 @@ class Injector:
         self.at = at
         self.calls = 0
         self.where = ""
+        self.names: list[str] = []  # the functions called, in order
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         code = frame.f_code
         if event == "call" and code.co_filename.startswith(OURS) and code.co_name[0] != "<":
             self.calls += 1
+            self.names.append(code.co_name)
             if self.calls == self.at:
                 self.where = f"{frame.f_code.co_filename}:{frame.f_code.co_name}"
                 raise KeyboardInterrupt(f"injected at call {self.at}")
@@ -201,3 +204,84 @@ def test_every_call_of_a_trial_interrupted_leaves_nothing_behind() -> None:
     again = trial.run(Config())
     assert not left, "\n".join(left)
     assert again.status == "ok" and again.peak_allocated_bytes == expected
+
+
+ASYNC_CELL = """%%gpumem -o r --quiet
+import asyncio
+await asyncio.sleep(0)
+loss = model(x).square().mean()
+"""
+
+
+def _traced(run: Callable[[], Any], at: int | None) -> tuple[Injector, Any]:
+    """``run()`` with a KeyboardInterrupt injected at our ``at``-th call; what it returned."""
+    injector = Injector(at)
+    sys.settrace(injector)
+    try:
+        return injector, run()
+    except KeyboardInterrupt:
+        pytest.fail(f"the interrupt at call {at} ({injector.where}) escaped")
+    finally:
+        sys.settrace(None)
+
+
+def _cut_cells(shell: InteractiveShell) -> list[Any]:
+    """The transformer's callback that forgets a cell a Ctrl-C cut, once the cell has run."""
+    from jupyter_gpumem.ipython.cell_run import AwaitTransform
+
+    return [
+        c
+        for c in shell.events.callbacks["post_execute"]
+        if isinstance(getattr(c, "__self__", None), AwaitTransform)
+    ]
+
+
+@pytest.mark.parametrize("cell", [CELL, ASYNC_CELL], ids=["sync-body", "async-body"])
+def test_a_ctrl_c_before_the_body_runs_is_the_cells_keyboard_interrupt(
+    cell_shell: InteractiveShell, cell: str
+) -> None:
+    """IPython reads each cell through our input transformer outside the cell's own error
+    handling, then the magic reads its options. A Ctrl-C at any of those calls fails the cell
+    with KeyboardInterrupt, as one in the plain cell's code does; the same cell then runs.
+
+    The first call is left out: it lands on the instruction that enters the transformer, in
+    IPython's reading of the cell, as it does for every cell."""
+    shell = cell_shell
+    listeners = shell.events.callbacks["post_execute"][:]
+    clean = {**_state(), **_shell_state(shell)}
+    names = _traced(lambda: shell.run_cell(cell), None)[0].names
+    assert shell.user_ns.pop("r").status == "ok"
+    # from _tracked on, the measurement: test_every_call_of_a_cell_interrupted_... covers it
+    first = names.index("_tracked")
+    assert "gpumem" in names[:first]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for at in range(2, first + 1):
+            injector, result = _traced(lambda: shell.run_cell(cell), at)
+            where = f"call {at} ({injector.where})"
+            error = result.error_before_exec or result.error_in_exec
+            assert isinstance(error, KeyboardInterrupt), where
+            assert "r" not in shell.user_ns, where  # the body did not run
+            assert {**_state(), **_shell_state(shell)} == clean, where
+            assert shell.events.callbacks["post_execute"] == listeners, where
+            assert shell.run_cell(cell).success, where
+            assert shell.user_ns.pop("r").status == "ok", where
+        del result, error
+        gc.collect()  # the interrupted runs' frames, in cycles through their errors
+    assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
+
+
+def test_a_ctrl_c_while_ipykernel_reads_the_cell_fails_the_run_that_follows(
+    cell_shell: InteractiveShell,
+) -> None:
+    """ipykernel reads a cell to choose its runner, then ``run_cell`` reads it again: a Ctrl-C
+    in the first reading fails the run, and only that run."""
+    shell = cell_shell
+    names = _traced(lambda: shell.transform_cell(CELL), None)[0].names
+    for at in range(2, len(names) + 1):
+        _traced(lambda: shell.transform_cell(CELL), at)
+        assert _cut_cells(shell), f"call {at}"
+        result = shell.run_cell(CELL)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt), f"call {at}"
+        assert not _cut_cells(shell) and "r" not in shell.user_ns
+        assert shell.run_cell(CELL).success and shell.user_ns.pop("r").status == "ok"
