@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpumem.tracking.dynamo_skip import run_plainly
+
 DETAIL_STEPS = 3  # optimizer steps recorded in detail at the start and after a new peak
 DETAIL_FORWARDS = 8  # root-module forwards, for cells that never step an optimizer
 MAX_REENTRIES = 2  # new detail windows after the first, per cell
@@ -89,6 +91,7 @@ class RootWatch:
 
     def start(self, roots: Iterable[Any], on_forward: Callable[[Any, Any], None]) -> None:
         self.on_forward = on_forward
+        run_plainly(self._forward)  # see dynamo_skip
         for module in roots:
             self._handles.append(module.register_forward_pre_hook(self._forward))
 

@@ -71,6 +71,7 @@ from typing import Any
 from jupyter_gpumem.records import COMMUNICATION, PASS_THROUGH, TraceEvent, frame_role
 from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
+from jupyter_gpumem.tracking.dynamo_skip import run_plainly
 
 DEVICES = frozenset({"cpu", "meta"})
 _MAX_WALK = 64  # frames walked to find max_frames user frames
@@ -199,7 +200,9 @@ class DispatchRecorder:
                 ref.address = key if meta else st.data_ptr() or key
                 live[key] = ref
                 known.append((ref.address, size))
-        mode = _mode_class()(self)
+        mode_class = _mode_class()
+        run_plainly(mode_class.__torch_dispatch__, on_free, on_resize)  # see dynamo_skip
+        mode = mode_class(self)
         mode.__enter__()
         self._mode = mode  # from here stop() exits it, even if the rest is cut short
         storage_resizes.listen(torch, on_resize)
@@ -469,7 +472,7 @@ def _exit_mode(mode: Any) -> None:
 
 
 @functools.cache
-def _mode_class() -> type:
+def _mode_class() -> type[Any]:
     """The mode class, defined on first use so that importing this module needs no torch."""
     import torch
     from torch.utils._python_dispatch import (
@@ -493,8 +496,9 @@ def _mode_class() -> type:
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
-            # No torch.compile runs inside this handler, so it needs no dynamo-disabled
-            # wrapper, which would put two more frames of torch's under a failing op.
+            # Dynamo skips this handler by its code's mark (see dynamo_skip), so it needs no
+            # dynamo-disabled wrapper, which would put two more frames of torch's under a
+            # failing op.
             return False
 
         def __torch_dispatch__(

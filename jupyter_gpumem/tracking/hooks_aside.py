@@ -1,4 +1,4 @@
-"""Our hooks step aside for the torch code that refuses them or warns about them.
+"""Our hooks step aside for the torch code that refuses them, warns about them or guards on them.
 
 ``torch.func.grad``, ``vjp``, ``jacrev`` and ``hessian`` run under
 ``torch.autograd.graph.disable_saved_tensors_hooks``, which raises if any saved-tensor hooks
@@ -6,6 +6,11 @@ are pushed. While a cell is tagged, that function is wrapped: when our hooks are
 the stack they come off for the transform and go back after it, so the transform runs as in
 the plain cell (its saved tensors are then not tagged as activations). A user's own hooks
 above ours are left alone, and the transform refuses them as it would in the plain cell.
+
+A module compiled with ``torch.compile`` guards on how many global module hooks torch holds,
+so our global hooks are taken out of torch's dicts while a compiled module runs
+(:class:`HooksOut`): compiled in a tracked cell, it runs in a plain cell without compiling
+again, and the other way round.
 """
 
 from __future__ import annotations
@@ -112,3 +117,28 @@ class GlobalHooksUnseen:
 
 
 GLOBAL_HOOKS_UNSEEN = GlobalHooksUnseen()
+
+
+class HooksOut:
+    """Hooks taken out of torch's dicts of hooks, until they are put back."""
+
+    def __init__(self) -> None:
+        self._taken: list[tuple[Any, int, Any]] = []  # (dict, handle id, its value there)
+
+    def take_out(self, handles: list[Any]) -> None:
+        """Take the entries of ``handles`` (``RemovableHandle``) out of the dicts they are in."""
+        for handle in handles:
+            for ref in (handle.hooks_dict_ref, *handle.extra_dict_ref):
+                hooks = ref()
+                if hooks is not None and handle.id in hooks:
+                    self._taken.append((hooks, handle.id, hooks.pop(handle.id)))
+
+    def put_back(self) -> None:
+        """Put back what was taken out; safe to repeat."""
+        taken, self._taken = self._taken, []
+        for hooks, key, value in taken:
+            hooks[key] = value
+
+    def forget(self) -> None:
+        """Drop what was taken out without putting it back (the hooks were removed meanwhile)."""
+        self._taken = []

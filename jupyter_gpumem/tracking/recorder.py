@@ -25,6 +25,7 @@ from jupyter_gpumem.records import (
 from jupyter_gpumem.tracking.cuda import CudaSession, LayoutAfter, allocator_backend
 from jupyter_gpumem.tracking.detail import CPU_DETAIL_S, DETAIL_STEPS, DetailSchedule, RootWatch
 from jupyter_gpumem.tracking.devices import cuda_present
+from jupyter_gpumem.tracking.dynamo_skip import run_plainly
 from jupyter_gpumem.tracking.namespace import NAMED, named_storages
 from jupyter_gpumem.tracking.tags import Tagger
 
@@ -245,6 +246,7 @@ class Recorder:
     def _hook_optimizers(self, torch: Any) -> None:
         """One global pair for the whole cell: ``Optimizer.step`` iterates them live."""
         optim = importlib.import_module("torch.optim.optimizer")
+        run_plainly(self._optimizer_pre, self._optimizer_post)  # see dynamo_skip
         self._hooks.append(optim.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._hooks.append(optim.register_optimizer_step_post_hook(self._optimizer_post))
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
+from jupyter_gpumem.tracking.dynamo_skip import run_plainly
+
 log = logging.getLogger(__name__)
 _TOOL_IDS = (4, 3)  # sys.monitoring's ids that no well-known tool claims
 _TOOL_NAME = "jupyter_gpumem"
@@ -55,6 +57,7 @@ class NextStatement:
         frames = user_chain(sys._getframe(1), self.cell, self.is_internal)
         if not frames:
             return False
+        run_plainly(self._line, self._start, self._trace, self._call)  # see dynamo_skip
         monitoring = getattr(sys, "monitoring", None)
         if monitoring is not None:
             tool = next((i for i in _TOOL_IDS if monitoring.get_tool(i) is None), None)

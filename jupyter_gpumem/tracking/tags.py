@@ -13,6 +13,11 @@ happens in between:
   lasting until the next call: generate's own work on a call's logits serves that step;
 - the module call each tag and allocation belongs to (see :mod:`jupyter_gpumem.tracking.scopes`).
 
+A module compiled with ``torch.compile`` (an ``OptimizedModule``) is a call like any other,
+its entry and exit seen eagerly; while it runs, our global module hooks are out of torch's
+dicts (see :mod:`jupyter_gpumem.tracking.hooks_aside`), so that its compiled code is the
+plain cell's.
+
 Between detailed windows (see :mod:`jupyter_gpumem.tracking.detail`) the tagger is
 paused: ``pause()`` removes every hook and ``resume()`` installs them again.
 
@@ -26,6 +31,10 @@ unsharded parameters FSDP2 all-gathers for a forward stay out of "activations" (
 freed within the step, so they count as temporary).
 
 Known limitations:
+- The module calls inside a compiled module are not told apart: what it allocates is its own.
+  A compiled function that calls a module is traced with our hooks in (they do nothing but
+  at the root call's entry and exit): compiled in a tracked cell, it compiles again in a
+  plain cell.
 - Communication buffers get no tag: the analysis tells them by who allocated them
   (torch.distributed's code). NCCL's own buffers are outside PyTorch's allocator.
 - Tags are keyed by storage address and time; a storage created outside these
@@ -52,7 +61,8 @@ from typing import Any
 
 from jupyter_gpumem.records import NamedStorage, PhaseMark, Tag
 from jupyter_gpumem.tracking.decoding import DecodeWatch
-from jupyter_gpumem.tracking.hooks_aside import GLOBAL_HOOKS_UNSEEN, HOOKS_ASIDE
+from jupyter_gpumem.tracking.dynamo_skip import run_plainly
+from jupyter_gpumem.tracking.hooks_aside import GLOBAL_HOOKS_UNSEEN, HOOKS_ASIDE, HooksOut
 from jupyter_gpumem.tracking.namespace import named_storages
 from jupyter_gpumem.tracking.scopes import ModuleScopes
 
@@ -72,6 +82,7 @@ class Tagger:
         self._tags: list[tuple[int, str, int, int, int]] = []
         self.marks: list[PhaseMark] = []
         self._handles: list[Any] = []
+        self._global: list[Any] = []  # the global module hooks' handles, also in ``_handles``
         self._saved_hooks: Any = None
         self._depth = 0
         self._step = 0
@@ -91,6 +102,9 @@ class Tagger:
         # compiles never pays it); until then a traced hook does nothing at all.
         self._enter_compiled: Callable[[Any, tuple[Any, ...]], None] | None = None
         self._exit_compiled: Callable[[Any, Any, Any], None] | None = None
+        self._compiled: set[int] = set()  # compiled modules seen, with our hook on their exit
+        self._running_compiled: Any = None  # the compiled module whose call has our hooks out
+        self._out = HooksOut()
         self._root_mark = -1  # index in ``marks`` of the running root call's mark
         self._fed_back = False  # the running root call was given back its own cache
         # modules called at the top level, by id; weak, so the tagger never keeps a model alive
@@ -139,11 +153,20 @@ class Tagger:
         if self._enter_compiled is None and "torch._dynamo" in sys.modules:
             self._enter_compiled = torch.compiler.disable(self._enter_compiled_root)
             self._exit_compiled = torch.compiler.disable(self._exit_compiled_root)
-        hooks = torch.nn.modules.module
-        self._handles.append(hooks.register_module_forward_pre_hook(self._forward_pre))
-        self._handles.append(
-            hooks.register_module_forward_hook(self._forward_post, always_call=True)
+        run_plainly(  # see dynamo_skip
+            self._forward_pre,
+            self._forward_post,
+            self._compiled_exit,
+            self._pack,
+            self._unpack,
+            self._grad_done,
         )
+        hooks = torch.nn.modules.module
+        self._global = [
+            hooks.register_module_forward_pre_hook(self._forward_pre),
+            hooks.register_module_forward_hook(self._forward_post, always_call=True),
+        ]
+        self._handles.extend(self._global)
         GLOBAL_HOOKS_UNSEEN.add(self._handles)
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -165,6 +188,10 @@ class Tagger:
             handle.remove()
         GLOBAL_HOOKS_UNSEEN.discard(self._handles)
         self._handles.clear()
+        self._global.clear()
+        self._out.forget()  # removed above, wherever they were
+        self._running_compiled = None
+        self._compiled.clear()  # their exit hooks too
 
     # -- hooks -------------------------------------------------------------------------
     def can_pause(self) -> bool:
@@ -212,6 +239,18 @@ class Tagger:
                 self._tag(value, "inputs", now)
         self.scopes.enter(module, self._recomputing)
         self._depth += 1
+        if id(module) in self._compiled and self._running_compiled is None:
+            # Dynamo guards on the global hook dicts: while it runs, they are the plain cell's
+            self._running_compiled = module
+            self._out.take_out(self._global)
+
+    def _compiled_exit(self, module: Any, args: Any, output: Any) -> None:
+        """A compiled module's own forward hook: our hooks back in, then its exit as any call's."""
+        if self._compiling() or module is not self._running_compiled:
+            return
+        self._running_compiled = None
+        self._out.put_back()
+        self._forward_post(module, args, output)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
@@ -307,6 +346,11 @@ class Tagger:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_done))
         for b in module.buffers(recurse=False):
             self._tag(b, "parameters", now, owner)
+        compiled = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+        if compiled is not None and isinstance(module, compiled):
+            self._compiled.add(id(module))
+            hook = module.register_forward_hook(self._compiled_exit, always_call=True)
+            self._handles.append(hook)
         for child in module.children():
             if id(child) not in self._seen_modules:
                 self._adopt(child)
