@@ -1,4 +1,7 @@
-"""Memory-saving techniques applied to a model in place and reverted exactly (no UI here).
+"""Memory-saving techniques applied to a model in place and reverted (no UI here).
+
+Reverting a pure cast (``fp32``, ``bf16``) casts the weights back and keeps the values trained
+meanwhile, at the cast's precision.
 
 A training step with a configuration applied::
 

@@ -1,9 +1,12 @@
 """Precision settings applied in place: TF32 switches, autocast, loss scaling and pure casts.
 
-``fp32`` and ``bf16`` cast the floating parameters and buffers (and the optimizer state of
-those parameters) through ``tensor.data``, so the Parameter objects, and every optimizer or
-hook that holds them, stay the same. The original tensors are kept on the CPU, off the
-accelerator, and put back on revert bit for bit. TF32 switches are saved and put back.
+``fp32`` and ``bf16`` cast the floating parameters, their gradients, the floating buffers and
+the optimizer state of those parameters through ``tensor.data``, so the Parameter objects, tied
+weights, and every optimizer or hook that holds them, stay the same. Revert casts what they
+hold then back to the dtypes they had, in place: what was trained meanwhile is kept, at the
+cast's precision (bf16 keeps 8 significant bits). A value the cast left as it was comes back
+bit for bit from a copy kept on the CPU (the tensor itself where it is there already), so
+applying and reverting without training changes nothing. TF32 switches are saved and put back.
 
 Known limitations:
 - A cast model gets a forward pre-hook on the root module that casts floating tensors among
@@ -12,7 +15,8 @@ Known limitations:
 - The TF32 switches are process-wide: two models tuned at once share them.
 - fp16 autocast on the CPU works (torch >= 2.4 has CPU fp16 autocast and a CPU GradScaler)
   but is slow; it is there so that the same code paths can be tested without a GPU.
-- Parameters that are views of one another's storage are cast into separate storages.
+- Parameters that are views of one another's storage are cast into separate storages, and
+  stay separate after revert.
 """
 
 from __future__ import annotations
@@ -110,72 +114,120 @@ class MathFlags:
                 _backend(path).fp32_precision = value
 
 
-def _park(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.device]:
-    """The tensor moved to the CPU (the same tensor if it is there already) and its device."""
-    return (tensor if tensor.device.type == "cpu" else tensor.to("cpu")), tensor.device
+def _park(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor's values on the CPU (the tensor itself if it is there); None on the meta device."""
+    if tensor.is_meta:
+        return None
+    return tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+
+
+class _Was:
+    """A tensor as the cast found it: the object, its dtype and its values (see `_cast_back`)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.dtype = tensor.dtype
+        self.values = _park(tensor.data)
+
+
+def _cast_back(tensor: torch.Tensor, was: _Was | None, dtype: torch.dtype) -> None:
+    """``tensor`` cast to ``dtype`` through ``.data``: its values, except where ``was`` holds the
+    values before the cast and the cast has not changed them since (those come back as they
+    were). The comparison runs on the CPU, beside the copy: the device holds no more than the
+    cast tensor does."""
+    data = tensor.data
+    if data.dtype == dtype:
+        return
+    kept = None if was is None or was.tensor is not tensor or was.dtype != dtype else was.values
+    if kept is None or kept.shape != data.shape:
+        tensor.data = data.to(dtype)
+        return
+    now = data.to("cpu")
+    merged = torch.where(now == kept.to(now.dtype), kept, now.to(dtype))
+    tensor.data = merged.to(data.device)
+
+
+def _moment(value: object) -> bool:
+    """An optimizer state tensor that follows its parameter's dtype (not a step count)."""
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_floating_point()
 
 
 class Cast:
-    """Floating parameters, buffers and those parameters' optimizer state cast to one dtype.
+    """Floating parameters, their gradients, buffers and optimizer state cast to one dtype.
 
-    Reverting puts back every parameter and buffer as it was, so what was learned while the
-    cast was active is discarded (the trial compares memory and time, not learning).
+    ``revert()`` casts the values they hold then back to the dtypes they had, on the same
+    tensors: training while the cast was active is kept, at the cast's precision, and what it
+    left as it was comes back bit for bit.
     """
 
     def __init__(
         self, model: nn.Module, dtype: torch.dtype, optimizer: torch.optim.Optimizer | None
     ) -> None:
-        self._data: list[tuple[torch.Tensor, torch.Tensor, torch.device]] = []
-        self._grads: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.device] | None]] = []
+        self._dtype = dtype
+        self._optimizer = optimizer
+        self._params: list[tuple[nn.Parameter, _Was, _Was | None]] = []  # with its grad
+        self._buffers: list[tuple[nn.Module, str, _Was]] = []  # looked up again on revert
+        self._state: dict[int, dict[str, _Was]] = {}  # id(param): its optimizer state
         try:
-            self._apply(model, dtype, optimizer)
+            self._apply(model, optimizer)
         except BaseException:
             self.revert()
             raise
-        self.changed = bool(self._data)
+        self.changed = bool(self._params or self._buffers)
 
-    def _apply(
-        self, model: nn.Module, dtype: torch.dtype, optimizer: torch.optim.Optimizer | None
-    ) -> None:
+    def _apply(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        dtype = self._dtype
         params = [p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype]
         for p in params:
-            # A grad of the old dtype cannot accumulate the new one; it comes back on revert.
-            self._grads.append((p, None if p.grad is None else _park(p.grad)))
-            p.grad = None
-            self._swap(p, dtype)
-        cast_buffers = [b for b in model.buffers() if b.is_floating_point() and b.dtype != dtype]
-        for buffer in cast_buffers:
-            self._swap(buffer, dtype)
-        if params or cast_buffers:
-            # Other buffers (e.g. BatchNorm's num_batches_tracked) come back with the cast ones.
-            cast_ids = {id(b) for b in cast_buffers}
-            for buffer in model.buffers():
-                if id(buffer) not in cast_ids:
-                    self._swap(buffer, buffer.dtype, copy=True)
-        if optimizer is not None:  # e.g. Adam's exp_avg must match its parameter's dtype
-            for p in params:
-                for value in optimizer.state.get(p, {}).values():
-                    if not isinstance(value, torch.Tensor):
-                        continue
-                    if value.dim() and value.is_floating_point():
-                        self._swap(value, dtype)
-                    else:  # the step count comes back with the moments
-                        self._swap(value, value.dtype, copy=True)
-
-    def _swap(self, tensor: torch.Tensor, dtype: torch.dtype, copy: bool = False) -> None:
-        original = tensor.data
-        kept, device = _park(original)
-        self._data.append((tensor, kept, device))
-        tensor.data = original.to(dtype, copy=copy)
+            state = optimizer.state.get(p, {}) if optimizer is not None else {}
+            # e.g. Adam's exp_avg must match its parameter's dtype
+            self._state[id(p)] = {k: _Was(v) for k, v in state.items() if _moment(v)}
+            grad = p.grad
+            self._params.append((p, _Was(p), None if grad is None else _Was(grad)))
+            p.data = p.data.to(dtype)
+            if grad is not None:
+                grad.data = grad.data.to(dtype)  # through .data: p.grad cannot change dtype
+            for was in self._state[id(p)].values():
+                was.tensor.data = was.tensor.data.to(dtype)
+        seen: set[int] = set()
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is None or id(buffer) in seen:
+                    continue
+                seen.add(id(buffer))
+                if buffer.is_floating_point() and buffer.dtype != dtype:
+                    self._buffers.append((module, name, _Was(buffer)))
+                    buffer.data = buffer.data.to(dtype)
 
     def revert(self) -> None:
-        """Put the original tensors back, bit for bit, on their devices."""
-        while self._data:
-            tensor, kept, device = self._data.pop()
-            tensor.data = kept.to(device)
-        while self._grads:
-            p, grad = self._grads.pop()
-            p.grad = None if grad is None else grad[0].to(grad[1])
+        """Cast the tensors back to their dtypes, keeping what was trained; idempotent.
+
+        Optimizer state made while the cast was active takes its parameter's dtype.
+        """
+        while self._buffers:
+            module, name, was = self._buffers[-1]
+            buffer = module._buffers.get(name)
+            if buffer is not None and buffer.dtype == self._dtype:
+                _cast_back(buffer, was, was.dtype)
+            self._buffers.pop()
+        while self._params:
+            p, was, grad_was = self._params[-1]
+            _cast_back(p, was, was.dtype)
+            if p.grad is not None:
+                _cast_back(p.grad, grad_was, was.dtype)
+            if self._optimizer is not None:
+                self._state_back(p, was.dtype)
+            self._params.pop()
+        self._state.clear()
+
+    def _state_back(self, p: nn.Parameter, dtype: torch.dtype) -> None:
+        """``p``'s optimizer state to the dtypes it had, or to ``dtype`` where made since."""
+        assert self._optimizer is not None
+        before = self._state.get(id(p), {})
+        for key, value in self._optimizer.state.get(p, {}).items():
+            if _moment(value) and value.dtype == self._dtype:
+                was = before.get(key)
+                _cast_back(value, was, dtype if was is None else was.dtype)
 
 
 def _input_caster(dtype: torch.dtype) -> Any:
@@ -191,7 +243,8 @@ def _input_caster(dtype: torch.dtype) -> Any:
 
 
 class Precision:
-    """One of PRECISIONS applied to a model; ``revert()`` undoes it exactly."""
+    """One of PRECISIONS applied to a model; ``revert()`` undoes it (a cast keeps the trained
+    values, at its precision)."""
 
     def __init__(
         self, model: nn.Module, name: str, optimizer: torch.optim.Optimizer | None
@@ -232,7 +285,7 @@ class Precision:
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
     def revert(self) -> None:
-        """Remove the input hook, restore the tensors and the TF32 switches; idempotent."""
+        """Remove the input hook, cast the tensors back, restore the TF32 switches; idempotent."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

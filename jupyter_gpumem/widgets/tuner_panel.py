@@ -3,7 +3,7 @@
 "Search" (with a trial and a budget) shows what ``Trial.search`` found: its reasoning beside
 the chart of its front (`jupyter_gpumem.widgets.search_chart`). A line under the selectors names
 the configuration the panel holds, gradient accumulation included, which has no control of its
-own: Search sets it, Apply applies it.
+own: Search sets it, Apply applies it. With pure bf16 it says what Revert keeps.
 
 Checkpointing offers the model's repeated blocks first: "all N blocks" and a toggle per block
 beside its activations at the peak. Everything else (other modules, every n-th, a regex) is
@@ -46,6 +46,12 @@ __all__ = ["CHARTS_LATER", "FIT_TECHNIQUES", "SEARCH_BUTTON", "Module", "Panel",
 # training math, so a fit keeps it unless asked.
 FIT_TECHNIQUES = {"checkpoint": True, "precision": True, "optimizer": False}
 CHARTS_LATER = "The charts appear after the first measurement: press Re-run or Fit to budget."
+# Under the configuration line while the precision is pure bf16 (techniques.precision).
+PURE_BF16 = (
+    "pure bf16 casts the weights, their gradients and the optimizer state to bf16. Revert casts "
+    "them back to their dtypes and keeps what was trained meanwhile, at bf16 precision; a value "
+    "training left as it was comes back bit for bit."
+)
 NO_BREAKDOWN = "No measurement has a breakdown to chart yet (see the notes in the table)."
 SEARCH_BUTTON = "Search"
 SEARCH_NEEDS = {
@@ -338,8 +344,9 @@ class Panel:
         if error is not None:
             self.configuration.value = message_html("error", f"configuration: {error}")
         else:
+            pure = f"<br>{html.escape(PURE_BF16)}" if self.precision.value == "bf16" else ""
             self.configuration.value = _muted(
-                f"configuration: {html.escape(text)} (Apply applies it)"
+                f"configuration: {html.escape(text)} (Apply applies it){pure}"
             )
 
     def show_search(self, found: Search, reasoning_html: str) -> None:

@@ -1,5 +1,5 @@
 """Precision: TF32 switches restored, autocast and loss scaling through the helpers, pure casts
-reverted bit for bit on the same Parameter objects."""
+reverted to their dtypes on the same Parameter objects, keeping what was trained."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def as_trained(before: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    """What revert gives back: ``trained`` in ``before``'s dtype where training changed it,
+    ``before`` bit for bit where it did not."""
+    changed = trained != before.to(trained.dtype)
+    return torch.where(changed, trained.to(before.dtype), before)
+
+
 def hooks_of(model: nn.Module) -> list[dict[int, object]]:
     return [
         dict(getattr(m, a))
@@ -52,47 +59,94 @@ def hooks_of(model: nn.Module) -> list[dict[int, object]]:
     ]
 
 
-def test_pure_bf16_trains_and_reverts_bit_exact() -> None:
+def test_pure_bf16_reverts_to_the_dtypes_keeping_what_was_trained() -> None:
     model = make_model().train()
     x = torch.randn(4, 8)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(x).sum().backward()
     opt.step()  # the optimizer has fp32 state, the parameters fp32 grads
     params = list(model.parameters())
-    grads = [grad_of(p).clone() for p in params]
-    state = {k: v.clone() for k, v in state_of(model).items()}
-    opt_state = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in params}
+    before = state_of(model)
+    moments = [opt.state[p]["exp_avg"] for p in params]
     hooks = hooks_of(model)
 
     applied = apply(model, precision="bf16", optimizer_obj=opt)
     assert applied.optimizer is opt
-    assert list(model.parameters()) == params and all(
-        a is b for a, b in zip(model.parameters(), params, strict=True)
-    )
+    assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
     assert {p.dtype for p in params} == {torch.bfloat16}
+    assert {grad_of(p).dtype for p in params} == {torch.bfloat16}  # cast, not dropped
     assert model[1].running_mean.dtype == torch.bfloat16
     assert model[1].num_batches_tracked.dtype == torch.int64  # integer buffers are left alone
-    assert all(p.grad is None for p in params)
-    assert opt.state[params[0]]["exp_avg"].dtype == torch.bfloat16
+    assert all(opt.state[p]["exp_avg"] is m for p, m in zip(params, moments, strict=True))
+    assert {m.dtype for m in moments} == {torch.bfloat16}
     for _ in range(2):  # fp32 input cast by the root pre-hook; the step works on bf16 state
         with applied.autocast():
             out = model(x)
         assert out.dtype == torch.bfloat16
         applied.backward(out.float().sum())
         applied.step()
-    assert not torch.equal(params[0].float(), state["0.weight"])
+    model(x).float().sum().backward()  # a gradient still held at revert
+    trained = state_of(model)
+    trained_grads = [grad_of(p).clone() for p in params]
+    trained_moments = [m.clone() for m in moments]
 
     applied.revert()
     after = model.state_dict()
-    assert after.keys() == state.keys()
-    for k, v in state.items():
-        assert after[k].dtype == v.dtype and torch.equal(after[k], v), k
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert after[k].dtype == v.dtype, k
+        assert torch.equal(after[k], as_trained(v, trained[k])), k
+        assert torch.equal(after[k].to(trained[k].dtype), trained[k]), k  # to bf16 precision
+    assert not torch.equal(after["0.weight"], before["0.weight"])  # not the copy from before
+    assert after["1.num_batches_tracked"] == before["1.num_batches_tracked"] + 3
     assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
-    assert all(torch.equal(grad_of(p), g) for p, g in zip(params, grads, strict=True))
-    for p in params:
-        for k, v in opt_state[id(p)].items():
-            assert opt.state[p][k].dtype == v.dtype and torch.equal(opt.state[p][k], v)
+    for p, g in zip(params, trained_grads, strict=True):
+        assert grad_of(p).dtype == torch.float32 and torch.equal(grad_of(p), g.float())
+    for p, m, trained_m in zip(params, moments, trained_moments, strict=True):
+        assert opt.state[p]["exp_avg"] is m and m.dtype == torch.float32
+        assert torch.equal(m.bfloat16(), trained_m)
+        assert opt.state[p]["step"].item() == 3
     assert hooks_of(model) == hooks
+    opt.step()  # fp32 training goes on from there
+
+
+def test_pure_bf16_applied_and_reverted_without_training_changes_nothing() -> None:
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    before = state_of(model)
+    moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    apply(model, precision="bf16", optimizer_obj=opt).revert()
+    after = model.state_dict()
+    for k, v in before.items():
+        assert after[k].dtype == v.dtype and torch.equal(after[k], v), k
+    for p, m in zip(model.parameters(), moments, strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], m)
+
+
+def test_pure_bf16_revert_keeps_tied_weights_and_state_made_meanwhile() -> None:
+    torch.manual_seed(0)
+    embed, head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+    head.weight = embed.weight
+    model = nn.Sequential(embed, head)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)  # no state until its first step
+    tokens = torch.tensor([[1, 2, 3]])
+    before = embed.weight.detach().clone()
+
+    applied = apply(model, precision="bf16", optimizer_obj=opt)
+    model(tokens).float().sum().backward()
+    applied.step()
+    trained = embed.weight.detach().clone()
+    applied.revert()
+
+    assert head.weight is embed.weight and embed.weight.dtype == torch.float32
+    assert torch.equal(embed.weight, as_trained(before, trained))
+    assert not torch.equal(embed.weight, before)
+    state = opt.state[embed.weight]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    model(tokens).sum().backward()
+    opt.step()  # fp32 parameters and fp32 state step together
 
 
 def test_fp32_casts_a_bf16_model_back_and_turns_tf32_off() -> None:
@@ -102,11 +156,11 @@ def test_fp32_casts_a_bf16_model_back_and_turns_tf32_off() -> None:
     assert legacy_flags()[:2] == (False, False)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert model(torch.randn(3, 8, dtype=torch.bfloat16)).dtype == torch.float32
+    now = state_of(model)  # the forward moved BatchNorm's running statistics
     applied.revert()
-    assert all(
-        torch.equal(model.state_dict()[k], v) and model.state_dict()[k].dtype == v.dtype
-        for k, v in state.items()
-    )
+    after = model.state_dict()
+    for k, v in state.items():
+        assert after[k].dtype == v.dtype and torch.equal(after[k], now[k].to(v.dtype)), k
 
 
 def test_fp32_on_an_fp32_model_adds_no_hook() -> None:

@@ -103,3 +103,16 @@ def test_step_times_timed_under_the_tracker_have_a_standing_note() -> None:
     )
     assert CPU_STEPS.split(",")[0] in _panel(tracked_steps=True).steps_note.value
     assert _panel().steps_note.value == ""
+
+
+def test_pure_bf16_says_that_revert_keeps_what_was_trained() -> None:
+    panel = _panel()
+    panel.precision.value = "bf16"
+    panel.show_config("bf16")
+    shown = panel.configuration.value
+    assert "configuration: bf16 (Apply applies it)" in shown
+    assert "Revert casts them back to their dtypes and keeps what was trained" in shown
+    assert "at bf16 precision" in shown
+    panel.precision.value = "bf16-autocast"
+    panel.show_config("bf16-autocast")
+    assert "Revert" not in panel.configuration.value
