@@ -8,10 +8,10 @@ path, so the stand-in device installs CUDA's pick (:func:`backend`, the rules be
 compute capability 8.0 and later, torch 2.4 to 2.13: flash first, then memory-efficient, then
 math) and calls the kernel it picks, whose fake kernels make CUDA's shapes.
 
-What the pick does to its inputs is made as CUDA makes it: a boolean mask becomes an additive
-one in the query's dtype; the efficient kernel's mask is expanded to four dimensions and padded
-to 16 columns where its last dimension is not a multiple of 16, or made contiguous where its
-strides are not.
+What the pick does to its inputs is made as CUDA makes it (``attention.cpp``): a boolean mask
+becomes an additive one in the query's dtype; the efficient kernel's mask is padded by 8 columns'
+worth where its strides are not multiples of 8, then expanded to four dimensions; flash pads
+the head dimension to a multiple of 8.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 FLASH_DTYPES = ("float16", "bfloat16")
 FLASH_MAX_HEAD_DIM = 256
-EFFICIENT_ALIGNMENT = 16  # the efficient kernel's mask: columns and strides, in elements
+EFFICIENT_ALIGNMENT = 8  # the efficient kernel's mask: its strides, in elements
 
 
 def backend(torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool) -> str:
@@ -100,8 +100,7 @@ def _additive(torch: Any, mask: Any, dtype: Any) -> Any:
     """A boolean mask as CUDA's kernels take it: 0 where attended, -inf elsewhere."""
     if mask is None or mask.dtype is not torch.bool:
         return mask
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(mask.logical_not(), -math.inf, zero)
+    return torch.where(mask, 0.0, torch.full((), -math.inf, dtype=dtype, device=mask.device))
 
 
 def _pad_last(torch: Any, t: Any, multiple: int) -> Any:
@@ -111,12 +110,10 @@ def _pad_last(torch: Any, t: Any, multiple: int) -> Any:
 
 
 def _efficient_mask(torch: Any, mask: Any, query: Any, key: Any) -> Any:
-    """The efficient kernel's mask: four dimensions, its columns and strides aligned."""
-    mask = mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
-    columns = mask.size(-1)
-    if columns % EFFICIENT_ALIGNMENT:
+    """The efficient kernel's mask: padded where its strides are not aligned, then expanded."""
+    aligned = mask.stride(-1) == 1 and all(s % EFFICIENT_ALIGNMENT == 0 for s in mask.stride()[:-1])
+    if not aligned:
+        columns = mask.size(-1)
         extra = EFFICIENT_ALIGNMENT - columns % EFFICIENT_ALIGNMENT
-        return torch.nn.functional.pad(mask, (0, extra))[..., :columns]
-    if any(s % EFFICIENT_ALIGNMENT for s in mask.stride()[:3]):
-        return mask.contiguous()
-    return mask
+        mask = torch.nn.functional.pad(mask, (0, extra))[..., :columns]
+    return mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))

@@ -73,6 +73,9 @@ def device(torch: Any) -> Any:
         def get_amp_supported_dtype(self) -> list[Any]:
             return [torch.float16, torch.bfloat16]
 
+        def is_available(self) -> bool:  # the fake mode then never moves real data there
+            return False
+
     if torch._C._get_privateuse1_backend_name() != NAME:
         _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Module())
     cache = cuda_autocast.register(torch, NAME)
@@ -85,35 +88,6 @@ def device(torch: Any) -> Any:
 
     torch.clear_autocast_cache = clear_both
     return torch.device(NAME, 0)
-
-
-@functools.cache
-def made_there() -> type:
-    """A torch-function mode: a tensor made from data for the stand-in device (``torch.tensor``)
-    is a fake tensor of its layout there; the device has no kernels to make it with, and the
-    fake mode would copy the data with them (a fake tensor's values are not kept anyway)."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    from_data = {torch.tensor, torch.as_tensor, torch.asarray}
-
-    class _MadeThere(TorchFunctionMode):  # type: ignore[misc]
-        def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if func in from_data and is_stand_in(_device_of(torch, kwargs.get("device"))):
-                made = func(*args, **{**kwargs, "device": "cpu"})
-                return torch.empty(made.shape, dtype=made.dtype, device=kwargs["device"])
-            return func(*args, **kwargs)
-
-    return _MadeThere
-
-
-def _device_of(torch: Any, value: Any) -> Any:
-    if isinstance(value, (str, torch.device)):
-        return torch.device(value)
-    return None
 
 
 def is_stand_in(device: Any) -> bool:

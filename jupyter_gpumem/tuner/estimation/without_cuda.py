@@ -106,7 +106,7 @@ def estimate(
 
 def _estimate_job(job: tuple[Any, ...]) -> Estimate:
     workload, config, card, batch, make_batch, batch_size, primed = job
-    return _in_child(
+    return _in_worker(
         workload, config, card, batch, make_batch, batch_size, primed, time.perf_counter()
     )
 
@@ -223,7 +223,7 @@ def _serve(conn: Any) -> None:
         conn.send_bytes(answer)
 
 
-def _in_child(
+def _in_worker(
     workload: Workload,
     config: Config,
     card: cards.Card,
@@ -250,20 +250,19 @@ def _in_child(
     made = None if make_batch is None else (lambda: tree_map(to_meta, make_batch()))
     warmup = min(workload.warmup, 1)
     try:
-        with cuda_stand_in.made_there()():
-            run = run_fake(
-                workload.model,
-                workload.optimizer,
-                workload.loss_fn,
-                device,
-                config,
-                batch=tree_map(to_meta, workload.batch if batch is None else batch),
-                make_batch=made,
-                warmup=warmup,
-                steps=1 if warmup else min(workload.steps, 2),
-                inference=workload.inference,
-                primed=primed,
-            )
+        run = run_fake(
+            workload.model,
+            workload.optimizer,
+            workload.loss_fn,
+            device,
+            config,
+            batch=tree_map(to_meta, workload.batch if batch is None else batch),
+            make_batch=made,
+            warmup=warmup,
+            steps=1 if warmup else min(workload.steps, 2),
+            inference=workload.inference,
+            primed=primed,
+        )
     except Unfakeable as exc:
         return unavailable(config, card.name, str(exc), batch_size, t0)
     facts = cuda_stand_in.facts(card)
