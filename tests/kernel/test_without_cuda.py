@@ -199,3 +199,27 @@ def test_estimated_without_cuda_as_measured_on_an_h200(name: str) -> None:
     assert found.peak_reserved_bytes == pytest.approx(row["measured_reserved"], rel=0.05)
     # the GPU machine's own estimate of the same configuration
     assert found.peak_bytes == pytest.approx(row["estimated_allocated"], rel=0.005)
+
+
+def test_generate_is_estimated_for_a_card_from_the_cpu() -> None:
+    transformers = pytest.importorskip("transformers")
+    from jupyter_gpumem import estimate_generate
+
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    sizes = {"batch_size": 2, "prompt_tokens": 16, "max_new_tokens": 8, "pad_token_id": 0}
+    found = estimate_generate(model, device="cpu", gpu="A100-40GB", **sizes)
+    assert found.peak_bytes is not None, found.reason
+    assert found.notes[0] == "estimated without CUDA, for the A100-40GB"
+    assert found.breakdown["kv_cache"] > 0 and found.verdict is not None
+    # a static cache is compiled on CUDA: refused there, and so here
+    static = estimate_generate(model, gpu="H200", cache_implementation="static", **sizes)
+    assert static.peak_bytes is None and "disable_compile=True" in static.reason
+    eager = estimate_generate(
+        model, gpu="H200", cache_implementation="static", disable_compile=True, **sizes
+    )
+    assert eager.peak_bytes is not None, eager.reason

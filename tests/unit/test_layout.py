@@ -33,7 +33,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.rng", "tuner.workload"),
     ("tuner.estimation.unfakeable",),
     ("tuner.estimation.storage_log", "tuner.estimation.search", "tuner.estimation.known_values"),
-    ("tuner.estimation.quantized", "tuner.estimation.untraced", "tuner.estimation.stand_ins"),
+    (
+        "tuner.estimation.quantized",
+        "tuner.estimation.untraced",
+        "tuner.estimation.stand_ins",
+        "tuner.estimation.cuda_autocast",
+        "tuner.estimation.cuda_attention",
+    ),
     ("tuner.estimation.fake_objects",),
     ("tuner.estimation.fake_step",),
     (
@@ -43,10 +49,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ),
     ("tuner.estimation.fake_peaks",),
     ("tuner.estimation.cards", "tuner.estimation.nccl"),
-    ("tuner.estimation.verdict",),
+    ("tuner.estimation.verdict", "tuner.estimation.cuda_stand_in"),
     ("tuner.estimation.estimate",),
     ("tuner.estimation.on_card",),
-    ("tuner.estimation.rank_estimates",),
+    ("tuner.estimation.rank_estimates", "tuner.estimation.without_cuda"),
     ("tuner.estimation.predict",),
     ("tuner.estimation.generation", "tuner.estimation"),
     # A widget below the widgets' floor: GenerateMap.chart() draws the map with it.

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tuner.estimation import cards, fake_peaks
+from jupyter_gpumem.tuner.estimation import cards, fake_peaks, without_cuda
 from jupyter_gpumem.tuner.estimation.decode_steps import (
     STEADY_STEPS,
     DecodeClocks,
@@ -94,27 +94,19 @@ def estimate_generate(
     from jupyter_gpumem.techniques import Config
 
     target = None if gpu is None else cards.card(gpu)
+    sizes = (batch_size, prompt_tokens, max_new_tokens)
+    if without_cuda.needed(torch, device, gpu):
+        card = without_cuda.card_for(gpu)
+        found = without_cuda.estimate_generate(
+            model, card, sizes, generate_kwargs, label, generate_run
+        )
+        return _labelled(found, label)
     missing = cuda_unusable(torch, device)
-    if target is not None and device.type != "cuda":
-        raise ValueError(f"gpu={gpu!r} names a CUDA card, but the device is {device}")
     if missing is not None:
         return _labelled(unavailable(Config(), device, missing, batch_size, t0), label)
     facts = fake_peaks.device_facts(torch, device) if device.type == "cuda" else None
-    sizes = (batch_size, prompt_tokens, max_new_tokens)
-    notes: tuple[str, ...] = ()
     try:
-        try:  # the allocator model places every step's blocks: the skipped ones filled in
-            run = _run(
-                torch, model, device, *sizes, generate_kwargs, skip=True, fill_in=facts is not None
-            )
-        except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
-            run = _run(torch, model, device, *sizes, generate_kwargs, skip=False)
-        except Unfollowed as exc:
-            notes = (
-                "every decode step ran: the steps skipped otherwise cannot be filled in for the "
-                f"allocator model ({exc})",
-            )
-            run = _run(torch, model, device, *sizes, generate_kwargs, skip=False)
+        run, notes = generate_run(torch, model, device, sizes, generate_kwargs, facts is not None)
     except Unfakeable as exc:
         return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
     if facts is not None:
@@ -129,6 +121,29 @@ def estimate_generate(
         peaks, facts, label=label, device=str(device), t0=t0, batch_size=batch_size, notes=notes
     )
     return on_card(found, facts, target) if facts is not None else found
+
+
+def generate_run(
+    torch: Any,
+    model: Any,
+    device: Any,
+    sizes: tuple[int, int, int],
+    generate_kwargs: dict[str, Any],
+    fill_in: bool,
+) -> tuple[FakeRun, tuple[str, ...]]:
+    """The fake run of ``generate`` for (batch, prompt, new tokens), and its notes; decode
+    steps skipped where they repeat (``fill_in``: filled in for the allocator model).
+    Raises :class:`Unfakeable` where it cannot run on fake tensors."""
+    try:  # the allocator model places every step's blocks: the skipped ones filled in
+        return _run(torch, model, device, *sizes, generate_kwargs, skip=True, fill_in=fill_in), ()
+    except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
+        return _run(torch, model, device, *sizes, generate_kwargs, skip=False), ()
+    except Unfollowed as exc:
+        note = (
+            "every decode step ran: the steps skipped otherwise cannot be filled in for the "
+            f"allocator model ({exc})"
+        )
+        return _run(torch, model, device, *sizes, generate_kwargs, skip=False), (note,)
 
 
 def max_generate_batch(

@@ -117,6 +117,7 @@ def estimate_workload(
         return without_cuda.estimate(
             workload, config, card, batch=batch, make_batch=make_batch,
             batch_size=batch_size, primed=primed,
+            notes=tuple(checkpoint_notes(workload.model, config)),
         )  # fmt: skip
     missing = cuda_unusable(torch, device)
     if missing is None and target is not None and not target.bf16 and _uses_bf16(workload, config):

@@ -23,20 +23,26 @@ Known limitations:
 from __future__ import annotations
 
 import io
-import multiprocessing
+import os
 import pickle
+import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from multiprocessing.connection import Connection
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.devices import cuda_present
 from jupyter_gpumem.tuner.estimation import cards, cuda_stand_in, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
+from jupyter_gpumem.tuner.estimation.fake_step import run_fake
+from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 
@@ -94,14 +100,51 @@ def estimate(
     if why is not None:
         return unavailable(config, card.name, why, batch_size, t0)
     job = (workload, config, card, batch, make_batch, batch_size, primed)
+    found = _answer(_estimate_job, job, config, card, batch_size, t0)
+    return replace(found, notes=(*found.notes, *notes))
+
+
+def estimate_generate(
+    model: Any,
+    card: cards.Card,
+    sizes: tuple[int, int, int],
+    generate_kwargs: dict[str, Any],
+    label: str,
+    run: Callable[..., tuple[Any, tuple[str, ...]]],
+) -> Estimate:
+    """The estimate of ``model.generate`` for (batch, prompt, new tokens) on ``card``;
+    ``run(torch, model, device, sizes, generate_kwargs, fill_in)`` makes its fake run
+    (:func:`.generation.generate_run`)."""
+    import torch
+
+    t0 = time.perf_counter()
+    why = cuda_stand_in.unavailable(torch)
+    if why is None and not card.bf16:
+        if any(p.dtype == torch.bfloat16 for p in model.parameters()):
+            why = f"the {card.name} has no bfloat16 support; load the model in float16 or float32"
+    if why is not None:
+        return unavailable(Config(), card.name, why, sizes[0], t0)
+    job = (model, card, sizes, generate_kwargs, label, run)
+    return _answer(_generate_job, job, Config(), card, sizes[0], t0)
+
+
+def _answer(
+    work: Callable[[Any], Any],
+    job: Any,
+    config: Config,
+    card: cards.Card,
+    batch_size: int | None,
+    t0: float,
+) -> Estimate:
+    """``work(job)`` done by the worker, as an Estimate (the reason where it failed)."""
     try:
-        found = WORKER.call(_estimate_job, job)
+        found = WORKER.call(work, job)
     except BaseException:
         WORKER.stop()  # an interrupt leaves the worker mid-estimate: a fresh one next time
         raise
     if isinstance(found, str):
         return unavailable(config, card.name, found, batch_size, t0)
-    return replace(found, notes=(*found.notes, *notes), wall_s=time.perf_counter() - t0)
+    return replace(found, wall_s=time.perf_counter() - t0)
 
 
 def _estimate_job(job: tuple[Any, ...]) -> Estimate:
@@ -111,13 +154,69 @@ def _estimate_job(job: tuple[Any, ...]) -> Estimate:
     )
 
 
+def _generate_job(job: tuple[Any, ...]) -> Estimate:
+    """``generate``'s estimate, in the worker."""
+    import torch
+
+    model, card, sizes, generate_kwargs, label, generate_run = job
+    t0 = time.perf_counter()
+    device = cuda_stand_in.device(torch)
+    model.to("meta")
+    try:
+        with _compiles_as_on_cuda(torch):
+            run, notes = generate_run(torch, model, device, sizes, generate_kwargs, True)
+    except Unfakeable as exc:
+        return unavailable(Config(), card.name, str(exc), sizes[0], t0)
+    facts = cuda_stand_in.facts(card)
+    peaks = fake_peaks.cuda_peaks(run, cuda_stand_in.fresh_layout(card), count_held=False)
+    found = from_peaks(
+        peaks, facts, label=label, device=card.name, t0=t0, batch_size=sizes[0],
+        notes=(headline(card), *notes),
+    )  # fmt: skip
+    return on_card(found, facts, None)
+
+
+@contextmanager
+def _compiles_as_on_cuda(torch: Any) -> Iterator[None]:
+    """transformers' generate decides to compile where the model is on CUDA: on the stand-in
+    device it decides as it would there (and the estimate then gives its reason)."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        yield
+        return
+    original = GenerationMixin.__dict__.get("_valid_auto_compile_criteria")
+    if original is None:
+        yield
+        return
+
+    def criteria(self: Any, *args: Any, **kwargs: Any) -> bool:
+        cls = type(self)
+        own = cls.__dict__.get("device")
+        cls.device = property(lambda _: torch.device("cuda", 0))  # type: ignore[attr-defined]
+        try:
+            return bool(original(self, *args, **kwargs))
+        finally:
+            if own is None:
+                del cls.device  # type: ignore[attr-defined]
+            else:
+                cls.device = own  # type: ignore[attr-defined]
+
+    GenerationMixin._valid_auto_compile_criteria = criteria  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GenerationMixin._valid_auto_compile_criteria = original  # type: ignore[method-assign]
+
+
 class Worker:
     """One process, started on first use and kept, that runs jobs on the stand-in device.
 
-    It is spawned, not forked: autograd sizes its device queues once per process, at its first
-    backward, so the device must be registered before any backward in the process runs it. A
-    job travels pickled by value (cloudpickle), every tensor as its layout alone (a meta
-    tensor of the same storage), so a model's weights are never copied.
+    It is a new interpreter, not a fork: autograd sizes its device queues once per process, at
+    its first backward, so the device must be registered before any backward runs there; and
+    it imports nothing of the caller's ``__main__``. A job travels over a socket pickled by
+    value (cloudpickle), every tensor as its layout alone (a meta tensor of the same storage),
+    so a model's weights are never copied.
     """
 
     def __init__(self) -> None:
@@ -129,33 +228,41 @@ class Worker:
         """``work(job)`` in the worker; a string says why it failed."""
         with self._lock:
             payload = layouts(job)
-            if self._process is None or not self._process.is_alive():
+            if not self.alive():
+                self.stop()
                 self._start()
             try:
                 self._conn.send_bytes(pickle.dumps(sys.path))  # modules imported since
                 self._conn.send_bytes(layouts(work))
                 self._conn.send_bytes(payload)
                 answer = self._conn.recv_bytes()
-            except (EOFError, OSError, BrokenPipeError):
-                code = self._process.exitcode if self._process is not None else None
+            except (EOFError, OSError):
+                code = self._process.poll() if self._process is not None else None
                 self.stop()
                 return f"the estimate's process ended without an answer (exit code {code})"
         status, value = pickle.loads(answer)
         return value if status == "ok" else str(value)
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        mine, theirs = context.Pipe()
-        self._process = context.Process(target=_serve, args=(theirs,), daemon=True)
-        self._process.start()
+        ours, theirs = socket.socketpair()
+        code = f"from {__name__} import serve; serve({theirs.fileno()})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=env
+        )
         theirs.close()
-        self._conn = mine
+        self._conn = Connection(ours.detach())
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def stop(self) -> None:
         """End the worker (the next call starts another)."""
-        if self._process is not None and self._process.is_alive():
+        if self.alive():
             self._process.kill()
-            self._process.join()
+            self._process.wait()
+        if self._conn is not None:
+            self._conn.close()
         self._process = self._conn = None
 
 
@@ -203,10 +310,12 @@ def from_layouts(data: bytes) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
 
 
-def _serve(conn: Any) -> None:
-    """The worker's loop: the stand-in device registered first, then one job after another."""
+def serve(fd: int) -> None:
+    """The worker's loop on the socket ``fd``: the stand-in device registered first, then one
+    job after another."""
     import torch
 
+    conn = Connection(fd)
     cuda_stand_in.device(torch)
     while True:
         try:
@@ -237,10 +346,6 @@ def _in_worker(
     import torch
     from torch.utils._pytree import tree_map
 
-    from jupyter_gpumem.tuner.estimation.fake_step import run_fake
-    from jupyter_gpumem.tuner.estimation.on_card import on_card
-    from jupyter_gpumem.tuner.estimation.predict import checkpoint_notes
-
     device = cuda_stand_in.device(torch)
 
     def to_meta(value: Any) -> Any:
@@ -267,7 +372,7 @@ def _in_worker(
         return unavailable(config, card.name, str(exc), batch_size, t0)
     facts = cuda_stand_in.facts(card)
     peaks = fake_peaks.cuda_peaks(run, cuda_stand_in.fresh_layout(card), count_held=False)
-    notes = [headline(card), *checkpoint_notes(workload.model, config), *run.checks]
+    notes = [headline(card), *run.checks]
     found = from_peaks(
         peaks,
         facts,
