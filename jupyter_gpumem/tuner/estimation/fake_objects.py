@@ -23,6 +23,7 @@ from typing import Any
 
 from jupyter_gpumem.tuner.estimation.quantized import fake_4bit, is_4bit, ready_to_step
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog, fake_class
+from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 
 
 class Faker:
@@ -183,12 +184,22 @@ def fake_optimizer(torch: Any, optimizer: Any, faker: Faker) -> Any:
     return fake
 
 
-def fake_batch(torch: Any, batch: Any, faker: Faker) -> Any:
+def fake_batch(torch: Any, batch: Any, faker: Faker, *, weights_on: Any = None) -> Any:
+    """The batch with its tensors faked; a meta tensor moves to the run's device only where the
+    model holds no weights either. With weights on ``weights_on``, the real step fails on a
+    meta tensor (two devices in one op), and so does this: :class:`Unfakeable` says why."""
     from torch.utils._pytree import tree_map
 
     fake_type: Any = fake_class()
 
     def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and weights_on is not None and value.is_meta:
+            raise Unfakeable(
+                f"the batch holds a tensor on the meta device (shape {tuple(value.shape)}) and "
+                f"the model's weights are on {weights_on}: the real step fails on tensors of "
+                f"two devices; make the batch on {weights_on}, or build the model on the meta "
+                "device too"
+            )
         if isinstance(value, torch.Tensor) and not isinstance(value, fake_type):
             return faker.fake(value, "inputs")
         if not isinstance(value, fake_type):

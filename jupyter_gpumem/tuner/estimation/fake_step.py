@@ -52,6 +52,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
+from jupyter_gpumem.tuner.estimation.kernel_checks import RealStepError, check_operands
 from jupyter_gpumem.tuner.estimation.known_values import known_values
 from jupyter_gpumem.tuner.estimation.quantized import (
     hidden_buffers,
@@ -112,6 +113,7 @@ def recording_mode() -> type:
                 out = run_as_parts(self, func, args, kwargs)
                 if out is not NotImplemented:
                     return out
+            check_operands(torch, func, args)
             hidden = hidden_buffers(torch, func, args, kwargs or {})
             hidden += kernel_buffers(torch, func, args, kwargs)
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
@@ -171,6 +173,7 @@ def run_fake(
     if parallel:
         log.communication = {}
     real_params = {id(p): p for p in model.parameters()}
+    weights_on = _weights_device(model)
     with rng_kept(torch), mode, (fake_copy if parallel else swapped)(torch, model, faker) as run:
         model = model if run is None else run
         fake_opt = None if optimizer is None else fake_optimizer(torch, optimizer, faker)
@@ -179,7 +182,11 @@ def run_fake(
             for i, p in real_params.items()
             if i in faker.by_id and not p.is_meta  # meta ones: the run's device decides
         }
-        run_batch = None if make_batch is not None else fake_batch(torch, batch, faker)
+        run_batch = (
+            None
+            if make_batch is not None
+            else fake_batch(torch, batch, faker, weights_on=weights_on)
+        )
         faker.done()
         recording = recording_mode()(log)
         applied = None
@@ -192,7 +199,7 @@ def run_fake(
             ):
                 log.recording = True
                 if make_batch is not None:
-                    run_batch = fake_batch(torch, make_batch(), faker)
+                    run_batch = fake_batch(torch, make_batch(), faker, weights_on=weights_on)
                     faker.done()
                 with maps_made_for_real(config.optimizer):
                     applied = apply_config(model, config, fake_opt)
@@ -363,6 +370,12 @@ def _storages(torch: Any, batch: Any) -> set[int]:
     return {t.untyped_storage()._cdata for t in tensors_in([batch], torch.Tensor, [])}
 
 
+def _weights_device(model: Any) -> Any:
+    """Where the model's weights are; None for a model on the meta device (or with none)."""
+    tensors = (*model.parameters(), *model.buffers())
+    return next((t.device for t in tensors if not t.is_meta), None)
+
+
 def _compiled(torch: Any, model: Any) -> str | None:
     """The name of a module compiled with torch.compile, if any."""
     optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
@@ -397,6 +410,8 @@ def reason(exc: BaseException) -> str:
             f"operator {func} has no fake implementation (register one with "
             "torch.library.register_fake)"
         )
+    if isinstance(exc, RealStepError):
+        return f"the real step fails too: {exc}" + (f"; at {at}" if at else "")
     if "fake impl" in str(exc) or "fake kernel" in str(exc):
         return f"a custom operator has no fake implementation: {exc}"
     return f"the step failed on fake tensors: {type(exc).__name__}: {exc}"
