@@ -25,6 +25,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 SIZE_HELP = (
     "a size such as 512MiB, 16GiB, 2.5GB or 1000000 (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 )
+MOST_BYTES = 2**60  # 1 EiB, more than any machine holds: sizes past it are refused
 
 
 def parse_size(text: str) -> int:
@@ -32,10 +33,12 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not {SIZE_HELP}")
+        raise ValueError(f"{echoed(text)} is not {SIZE_HELP}")
     value = float(match.group(1)) * _UNITS[unit]
     if value <= 0:
-        raise ValueError(f"{text!r} must be greater than zero: give {SIZE_HELP}")
+        raise ValueError(f"{echoed(text)} must be greater than zero: give {SIZE_HELP}")
+    if value > MOST_BYTES:  # infinity too, where the digits overflow a float
+        raise ValueError(f"{echoed(text)} is more than 1 EiB: give {SIZE_HELP}")
     return round(value)
 
 

@@ -12,6 +12,7 @@ from torch import nn  # noqa: E402
 
 from jupyter_gpumem.tuner.estimation.estimate import EstimateUnavailable  # noqa: E402
 from jupyter_gpumem.tuner.trial import Trial  # noqa: E402
+from jupyter_gpumem.units import parse_size  # noqa: E402
 
 
 def _loss(m: nn.Module, b: Any) -> Any:
@@ -26,6 +27,22 @@ def _trial(model: nn.Module, batch: Any, **kwargs: Any) -> Trial:
 def _meta_linear() -> nn.Module:
     with torch.device("meta"):
         return nn.Linear(4, 2)
+
+
+# -- 9: nothing fits ----------------------------------------------------------------------------
+def test_when_even_low_does_not_fit_the_answer_is_the_nothing_fits_one_not_an_untried_batch() -> (
+    None
+):
+    trial = _trial(nn.Linear(4, 2), torch.zeros(3, 4))
+    with pytest.warns(UserWarning, match="even batch size 1000000 is estimated at"):
+        found = trial.max_batch_size(4096, lambda n: torch.zeros(n, 4), low=10**6)
+    assert found == 0  # as for low=1: no batch fits
+    search = trial.last_search
+    assert search is not None and [n for n, _ in search.tried] == [10**6]
+    assert search.estimate is None
+    assert search.above is not None and search.above.batch_size == 10**6
+    with pytest.warns(UserWarning, match="even batch size 1 is estimated"):
+        assert trial.max_batch_size(1, lambda n: torch.zeros(n, 4)) == 0
 
 
 # -- 10: the fake step fails where the real step fails -------------------------------------------
@@ -80,3 +97,51 @@ def test_meta_models_still_take_real_and_meta_batches() -> None:
         assert est.peak_bytes == real.peak_bytes, est.reason
     meta = _trial(_meta_linear(), torch.zeros(3, 4, device="meta"))
     assert meta.max_batch_size("1MiB", lambda n: torch.zeros(n, 4, device="meta"), high=64) == 64
+
+
+# -- 12: bounds, budgets, frozen models, devices, paths -------------------------------------------
+def test_world_sizes_are_checked_before_a_range_becomes_a_list() -> None:
+    trial = _trial(nn.Linear(4, 2), torch.zeros(4, 4))
+    for sizes in (range(1, 10**9), range(1, 10**30), [1] * 2000):
+        with pytest.raises(
+            ValueError, match=r"world_sizes is a list of rank counts .* at most 1024"
+        ):
+            trial.search("1GiB", world_sizes=sizes)
+    with pytest.raises(ValueError, match="world_size is the number of ranks"):
+        trial.search("1GiB", world_sizes=range(1020, 1030))
+
+
+def test_a_budget_too_large_to_parse_says_what_is_allowed() -> None:
+    with pytest.raises(ValueError, match="is more than 1 EiB: give a size such as 512MiB"):
+        parse_size("1" * 400 + "GiB")
+    trial = _trial(nn.Linear(4, 2), torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"budget: '1111.*' is more than 1 EiB") as caught:
+        trial.search("1" * 400 + "GiB")
+    assert len(str(caught.value)) < 300  # the message does not echo the 400 digits
+
+
+@pytest.mark.parametrize("budget", [1e30, 10**400, 0, True, None, "lots"])
+def test_a_bad_budget_gets_one_error_everywhere_a_budget_is_taken(budget: Any) -> None:
+    trial = _trial(nn.Linear(4, 2), torch.zeros(4, 4))
+    calls = {
+        "plan": lambda: trial.plan(budget),
+        "search": lambda: trial.search(budget, measure=False),
+        "max_batch_size": lambda: trial.max_batch_size(budget, lambda n: torch.zeros(n, 4)),
+    }
+    messages = set()
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="budget") as caught:
+            call()
+        assert type(caught.value) is ValueError, name
+        messages.add(str(caught.value))
+    assert len(messages) == 1, messages
+    if not isinstance(budget, str):
+        assert messages.pop().startswith("budget must be bytes")
+
+
+@pytest.mark.parametrize("size", [1e30, 10**30, 0, True, "8"])
+def test_a_bad_batch_size_gets_one_error_everywhere_one_is_taken(size: Any) -> None:
+    trial = _trial(nn.Linear(4, 2), torch.zeros(4, 4))
+    for name in ("low", "high"):
+        with pytest.raises(ValueError, match=rf"^{name} must be a batch size, a whole number"):
+            trial.max_batch_size("1GiB", lambda n: torch.zeros(n, 4), **{name: size})

@@ -204,7 +204,7 @@ def test_max_batch_size_bounds() -> None:
     trial = _gpt()
     assert trial.max_batch_size("1TiB", _gpt_batch, low=2, high=5) == 5
     with pytest.warns(UserWarning, match="even batch size 3"):
-        assert trial.max_batch_size(1000, _gpt_batch, low=3) == 2
+        assert trial.max_batch_size(1000, _gpt_batch, low=3) == 0  # none fits, 2 never tried
     for bad in (0, -5, "lots", True):
         with pytest.raises(ValueError, match="budget"):
             trial.max_batch_size(bad, _gpt_batch)

@@ -71,7 +71,10 @@ def test_what_it_takes_and_what_it_refuses() -> None:
     with torch.device("meta"):
         meta = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
     sizes = {"batch_size": 1, "prompt_tokens": 4, "max_new_tokens": 2}
-    with pytest.raises(ValueError, match="batch_size is a whole number from 1 up, got 0"):
+    with pytest.raises(
+        ValueError,
+        match="batch_size must be a batch size, a whole number from 1 to 2,147,483,647; got int 0",
+    ):
         estimate_generate(meta, **{**sizes, "batch_size": 0})
     with pytest.raises(ValueError, match="max_length comes from"):
         estimate_generate(meta, **sizes, max_length=9)

@@ -6,7 +6,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.ipython.cell_options import CELL_HELP, HELP_SHOWN, parse_options
-from jupyter_gpumem.units import SIZE_HELP
+from jupyter_gpumem.units import SIZE_HELP, echoed
 
 
 def _refusal(line: str) -> str:
@@ -33,7 +33,10 @@ def test_help_is_the_message_of_the_usage_error() -> None:
         ("--budget 0", f"--budget: '0' must be greater than zero: give {SIZE_HELP}"),
         ("--budget 0.4", f"--budget needs at least one byte, got '0.4'; give {SIZE_HELP}"),
         ("--budget 1e400", f"--budget: '1e400' is not {SIZE_HELP}"),
-        ("--budget " + "9" * 400, f"--budget: '{'9' * 400}' is too large; give {SIZE_HELP}"),
+        (
+            "--budget " + "9" * 400,
+            f"--budget: {echoed('9' * 400)} is more than 1 EiB: give {SIZE_HELP}",
+        ),
     ],
 )
 def test_a_budget_error_says_what_is_allowed_once(line: str, message: str) -> None:

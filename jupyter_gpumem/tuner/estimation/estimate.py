@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -181,12 +182,22 @@ class Estimate:
 class BatchSearch:
     """How ``max_batch_size`` found its answer: the estimates it made, in order."""
 
-    batch_size: int  # the largest batch that fits; low - 1 when none does
+    batch_size: int  # the largest batch that fits; 0 when none does, low included
     budget_bytes: int
     estimate: Estimate | None  # of batch_size
-    above: Estimate | None  # of batch_size + 1, which does not fit; None where high fits
+    above: Estimate | None  # of batch_size + 1 (of low where none fits); None where high fits
     tried: tuple[tuple[int, int], ...]  # (batch size, estimated peak bytes)
     wall_s: float
+
+
+def batch_search(
+    size: int, low: int, budget_bytes: int, made: Mapping[int, Estimate], t0: float
+) -> BatchSearch:
+    """The record of a search from ``low`` that found ``size`` (0: not even ``low`` fits),
+    from the estimates ``made`` by batch size, timed from ``t0``."""
+    tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
+    above = made.get(low if size < low else size + 1)
+    return BatchSearch(size, budget_bytes, made.get(size), above, tried, time.perf_counter() - t0)
 
 
 def from_peaks(peaks: Any, facts: Any, *, t0: float, **fields: Any) -> Estimate:

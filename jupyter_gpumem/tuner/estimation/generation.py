@@ -36,6 +36,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
     EstimateUnavailable,
+    batch_search,
     from_peaks,
     unavailable,
 )
@@ -44,7 +45,12 @@ from jupyter_gpumem.tuner.estimation.fake_step import FakeRun, reason, recording
 from jupyter_gpumem.tuner.estimation.known_values import known_values
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.predict import cuda_unusable
-from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
+from jupyter_gpumem.tuner.estimation.search import (
+    budget_of,
+    largest_fitting,
+    size_of,
+    sizes_of,
+)
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
@@ -77,11 +83,8 @@ def estimate_generate(
 
     checked_count_held(count_held)
     t0 = time.perf_counter()
-    for name, value in (
-        ("batch_size", batch_size),
-        ("prompt_tokens", prompt_tokens),
-        ("max_new_tokens", max_new_tokens),
-    ):
+    size_of("batch_size", batch_size)
+    for name, value in (("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} is a whole number from 1 up, got {value!r}")
     if not callable(getattr(model, "generate", None)):
@@ -161,10 +164,11 @@ def max_generate_batch(
     """The largest batch whose ``generate`` (this prompt, this output) is estimated within ``budget``.
 
     ``budget`` is bytes or a size such as ``"20GiB"``; the peak compared is the allocated
-    one, as ``torch.cuda.max_memory_allocated()`` reads it. Raises
-    :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
+    one, as ``torch.cuda.max_memory_allocated()`` reads it. 0 where even ``low`` does not
+    fit. Raises :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
     """
     budget_bytes = budget_of(budget)
+    low, high = sizes_of(low, high)
     t0 = time.perf_counter()
     made: dict[int, Estimate] = {}
 
@@ -181,10 +185,7 @@ def max_generate_batch(
 
     peak = peaks_of(batch_of, made, "batch size {}")
     size = largest_fitting(peak, budget_bytes, low, high, "batch size")
-    tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
-    return BatchSearch(
-        size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
-    )
+    return batch_search(size, low, budget_bytes, made, t0)
 
 
 def peaks_of(

@@ -40,6 +40,7 @@ from jupyter_gpumem.tuner.estimation.estimate import (
     BatchSearch,
     Estimate,
     EstimateUnavailable,
+    batch_search,
     from_peaks,
     unavailable,
 )
@@ -47,7 +48,7 @@ from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held, counts_held, on_card
 from jupyter_gpumem.tuner.estimation.quantized import paged_note
 from jupyter_gpumem.tuner.estimation.rank_estimates import estimate_ranks
-from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting
+from jupyter_gpumem.tuner.estimation.search import budget_of, largest_fitting, sizes_of
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 
@@ -251,7 +252,8 @@ def max_batch_size(
     config: Config | None = None,
     count_held: bool = True,
 ) -> BatchSearch:
-    """The largest batch size in [low, high] whose estimate fits ``budget``.
+    """The largest batch size in [low, high] whose estimate fits ``budget``; 0 where even
+    ``low`` does not (with a warning that says so).
 
     Peaks grow about linearly with the batch, so each guess is the line through the nearest
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
@@ -262,13 +264,7 @@ def max_batch_size(
     checked_count_held(count_held)
     if not callable(make_batch):
         raise TypeError("make_batch must be a callable make_batch(n) -> a batch of n samples")
-    for name, value in (("low", low), ("high", high)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if high is not None and high < low:
-        raise ValueError(f"high ({high}) must be >= low ({low})")
+    low, high = sizes_of(low, high)
     t0 = time.perf_counter()
     config = config if config is not None else Config()
     made: dict[int, Estimate] = {}
@@ -287,10 +283,5 @@ def max_batch_size(
             raise EstimateUnavailable(f"batch size {n} cannot be estimated: {est.reason}")
         return est.peak_bytes
 
-    def result(size: int) -> BatchSearch:
-        tried = tuple((n, e.peak_bytes or 0) for n, e in made.items())
-        return BatchSearch(
-            size, budget_bytes, made.get(size), made.get(size + 1), tried, time.perf_counter() - t0
-        )
-
-    return result(largest_fitting(peak, budget_bytes, low, high, "batch size"))
+    size = largest_fitting(peak, budget_bytes, low, high, "batch size")
+    return batch_search(size, low, budget_bytes, made, t0)

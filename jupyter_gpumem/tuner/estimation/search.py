@@ -5,28 +5,54 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from jupyter_gpumem.units import format_bytes, parse_size
+from jupyter_gpumem.units import MOST_BYTES, SIZE_HELP, echoed_kind, format_bytes, parse_size
 
 LARGEST = 1 << 20  # sizes searched without a high bound
+MOST_SIZE = 2**31 - 1  # the largest batch size taken, far past any batch a step holds
+NOTHING_FITS = 0  # the size found where even the smallest tried is over the budget
 
 
 def budget_of(budget: int | str) -> int:
-    """``budget`` in bytes; ValueError saying what is allowed."""
-    try:
-        found = parse_size(budget) if isinstance(budget, str) else budget
-    except ValueError as exc:
-        raise ValueError(f"budget: {exc}") from None
-    if isinstance(found, bool) or not isinstance(found, int) or found <= 0:
+    """``budget`` in bytes; the same ValueError, saying what is allowed, wherever one is taken."""
+    if isinstance(budget, str):
+        try:
+            return parse_size(budget)
+        except ValueError as exc:
+            raise ValueError(f"budget: {exc}") from None
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= MOST_BYTES:
         raise ValueError(
-            f"budget must be a positive number of bytes or a size like '20GiB', got {budget!r}"
+            "budget must be bytes, a whole number greater than zero and at most 2**60 (1 EiB), "
+            f"or {SIZE_HELP}; got {echoed_kind(budget)}"
         )
-    return found
+    return budget
+
+
+def size_of(name: str, value: int | None) -> int | None:
+    """``value``, a batch size (None: not given); the same ValueError wherever one is taken."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MOST_SIZE
+    ):
+        raise ValueError(
+            f"{name} must be a batch size, a whole number from 1 to {MOST_SIZE:,}; "
+            f"got {echoed_kind(value)}"
+        )
+    return value
+
+
+def sizes_of(low: int, high: int | None) -> tuple[int, int | None]:
+    """The bounds of a batch size search, checked as :func:`size_of` checks each."""
+    size_of("low", low)
+    size_of("high", high)
+    if high is not None and high < low:
+        raise ValueError(f"high ({high}) must be >= low ({low})")
+    return low, high
 
 
 def largest_fitting(
     peak: Callable[[int], int], budget_bytes: int, low: int, high: int | None, what: str
 ) -> int:
-    """The largest size in [low, high] with ``peak(size) <= budget_bytes``; low - 1 when none.
+    """The largest size in [low, high] with ``peak(size) <= budget_bytes``; NOTHING_FITS (0)
+    when even ``low`` does not, with a warning that says so: never a size not tried.
 
     Peaks grow about linearly with the size, so each guess is the line through the nearest
     estimates on both sides (doubling while none is above), kept strictly inside the bracket.
@@ -46,7 +72,7 @@ def largest_fitting(
             f"{format_bytes(budget_bytes)}",
             stacklevel=4,
         )
-        return low - 1
+        return NOTHING_FITS
     if hi is not None and at(hi) <= budget_bytes:
         return hi
     while hi is None:  # grow past the budget

@@ -48,6 +48,7 @@ from typing import Any
 
 from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.accumulation import micro_batches
+from jupyter_gpumem.techniques.config import MAX_WORLD_SIZE
 from jupyter_gpumem.techniques.offloading import moves_from
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.pinning import release_cached
@@ -71,7 +72,7 @@ from jupyter_gpumem.tuner.planning.composed import (
 from jupyter_gpumem.tuner.planning.plan import SAFETY, SAME_ALGORITHM, changes_of, math_line
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.workload import holds_no_weights
-from jupyter_gpumem.units import format_bytes, format_seconds
+from jupyter_gpumem.units import echoed_kind, format_bytes, format_seconds
 
 __all__ = ["Search", "search"]
 
@@ -443,13 +444,21 @@ def _config(c: Choice, names: Sequence[str]) -> Config:
 
 
 def _world_sizes(sizes: Sequence[int]) -> list[int]:
-    """The world sizes searched, checked; ValueError saying what is allowed."""
-    found = list(sizes) if isinstance(sizes, (list, tuple, range)) else None
-    if not found or any(isinstance(n, bool) or not isinstance(n, int) for n in found):
-        raise ValueError(f"world_sizes is a list of rank counts such as (1, 2, 4), got {sizes!r}")
-    for n in found:
+    """The world sizes searched, checked (a range before it is made into a list); ValueError
+    saying what is allowed."""
+    allowed = "world_sizes is a list of rank counts such as (1, 2, 4)"
+    if not isinstance(sizes, (list, tuple, range)) or not sizes:
+        raise ValueError(f"{allowed}, got {echoed_kind(sizes)}")
+    if sizes[MAX_WORLD_SIZE:]:  # a slice, as len() of a huge range overflows
+        raise ValueError(
+            f"{allowed}, at most {MAX_WORLD_SIZE} of them, each from 1 to {MAX_WORLD_SIZE}; "
+            f"got {echoed_kind(sizes)}"
+        )
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in sizes):
+        raise ValueError(f"{allowed}, got {echoed_kind(sizes)}")
+    for n in sizes:
         Config(parallel="ddp" if n > 1 else None, world_size=n)  # WORLD_SIZES_HELP where wrong
-    return sorted(set(found))
+    return sorted(set(sizes))
 
 
 def _splits(batch: Any, k: int) -> bool:

@@ -53,6 +53,7 @@ from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held
+from jupyter_gpumem.tuner.estimation.search import budget_of
 from jupyter_gpumem.tuner.planning.blocks_at_peak import block_activations
 from jupyter_gpumem.tuner.planning.profile import StepProfile, profile_step
 from jupyter_gpumem.tuner.planning.reasoning import (
@@ -79,7 +80,7 @@ from jupyter_gpumem.tuner.planning.unmeasured import (
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Measures
 from jupyter_gpumem.tuner.workload import holds_no_weights
-from jupyter_gpumem.units import format_bytes, format_seconds, parse_size
+from jupyter_gpumem.units import format_bytes, format_seconds
 
 __all__ = ["TECHNIQUES", "Plan", "fit_plan", "plan"]
 
@@ -273,7 +274,7 @@ def plan(
     the GPU out of the estimates of a model with no weights; a plan that measures runs counts
     it, as they hold it, and refuses False.
     """
-    budget_bytes = _budget(budget)
+    budget_bytes = budget_of(budget)
     checked_count_held(count_held)
     allowed = _techniques(techniques)
     changes = changes_of(allow)
@@ -559,7 +560,7 @@ def fit_plan(
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
-    budget_bytes = _budget(budget)
+    budget_bytes = budget_of(budget)
     say = progress or (lambda _: None)
     headroom = 0
     history: list[str] = []
@@ -609,15 +610,6 @@ def fit_plan(
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _budget(budget: int | str) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
-        raise TypeError(f"budget must be bytes (int) or a size such as '12GiB', got {budget!r}")
-    value = parse_size(budget) if isinstance(budget, str) else budget
-    if value <= 0:
-        raise ValueError(f"budget must be greater than zero bytes, got {budget!r}")
-    return value
-
-
 def changes_of(allow: Sequence[str]) -> tuple[str, ...]:
     if isinstance(allow, str):
         allow = (allow,)
