@@ -223,3 +223,46 @@ def test_generate_is_estimated_for_a_card_from_the_cpu() -> None:
         model, gpu="H200", cache_implementation="static", disable_compile=True, **sizes
     )
     assert eager.peak_bytes is not None, eager.reason
+
+
+def _zoo_cases() -> list[Any]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import zoo
+
+    return [
+        pytest.param(
+            c,
+            id=c.name,
+            marks=pytest.mark.skipif(bool(zoo.available(c)), reason=zoo.available(c) or ""),
+        )
+        for c in zoo.CASES
+    ]
+
+
+@pytest.mark.parametrize("case", _zoo_cases())
+def test_every_family_of_the_zoo_is_estimated_for_a_card_from_the_cpu(case: Any) -> None:
+    """The CPU zoo through the path without CUDA: every case answers for the H200 (or gives the
+    reason CUDA gives too), its breakdown summing to its peak, the meta model untouched."""
+    import model_zoo
+    import zoo
+
+    from jupyter_gpumem import estimate_generate
+
+    built = case.build("meta", "tiny")
+    if case.workload == "generate":
+        batch, prompt, new = zoo.GENERATE["tiny"]
+        found = estimate_generate(
+            built.model, batch_size=batch, prompt_tokens=prompt, max_new_tokens=new, gpu="H200",
+            **model_zoo.generate_kwargs(case, new),
+        )  # fmt: skip
+        if case.generate.get("cache_implementation") == "static" and found.peak_bytes is None:
+            assert "disable_compile=True" in found.reason  # compiled on CUDA: refused there too
+            return
+    else:
+        trial = model_zoo.trial_of(case, built, "cpu")
+        found = trial.estimate(gpu="H200", config=model_zoo.config_of(case))
+    assert found.peak_bytes is not None, found.reason
+    assert found.notes[0] == "estimated without CUDA, for the H200"
+    assert sum(found.breakdown.values()) == found.peak_bytes
+    assert found.peak_reserved_bytes >= found.peak_bytes
+    assert all(p.is_meta for p in built.model.parameters())

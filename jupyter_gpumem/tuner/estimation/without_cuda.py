@@ -162,6 +162,7 @@ def _generate_job(job: tuple[Any, ...]) -> Estimate:
     t0 = time.perf_counter()
     device = cuda_stand_in.device(torch)
     model.to("meta")
+    _as_constructed(model)
     try:
         with _compiles_as_on_cuda(torch):
             run, notes = generate_run(torch, model, device, sizes, generate_kwargs, True)
@@ -174,6 +175,21 @@ def _generate_job(job: tuple[Any, ...]) -> Estimate:
         notes=(headline(card), *notes),
     )  # fmt: skip
     return on_card(found, facts, None)
+
+
+def _as_constructed(model: Any) -> None:
+    """What a model's construction records outside it, recorded again for one that arrived
+    pickled: transformers' registry of the outputs each model class captures (keyed by class,
+    filled in ``PreTrainedModel.__init__``; without it LLaVA's vision tower returns no hidden
+    states)."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:
+        return
+    for module in model.modules():
+        outputs = getattr(module, "_can_record_outputs", None)
+        if outputs is not None:
+            _CAN_RECORD_REGISTRY[module] = outputs
 
 
 @contextmanager
@@ -352,6 +368,7 @@ def _in_worker(
         return value.to("meta") if isinstance(value, torch.Tensor) else value
 
     workload.model.to("meta")
+    _as_constructed(workload.model)
     made = None if make_batch is None else (lambda: tree_map(to_meta, make_batch()))
     warmup = min(workload.warmup, 1)
     try:
