@@ -330,6 +330,8 @@ def _check_writable(path: str | os.PathLike[str]) -> None:
     shown = repr(os.fspath(path))[:80]
     if not os.fspath(path) or Path(path).name in ("", ".", ".."):
         raise ValueError(f"record({shown}): give a file name, such as 'run.json'")
+    if "\0" in os.fsdecode(path):
+        raise ValueError(f"record({shown}): a path holds no NUL byte ('\\x00'); give a file name")
     folder = Path(path).parent
     if not folder.is_dir():
         raise ValueError(f"record({shown}): its folder does not exist")

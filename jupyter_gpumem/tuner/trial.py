@@ -28,6 +28,7 @@ from jupyter_gpumem.tuner.workload import (
     LossFn,
     Workload,
     check_config,
+    check_trainable,
     checked_workload,
     needs_weights,
 )
@@ -276,6 +277,7 @@ class Trial:
                 f"{what} plans training steps; for an inference trial, compare() or estimate() "
                 "configurations of precision, checkpoint, offload and inference_mode"
             )
+        check_trainable(self.workload, what)
 
     def _with_estimate(self, result: TrialResult) -> TrialResult:
         """The result with the estimate made for its configuration and the trial's batch."""

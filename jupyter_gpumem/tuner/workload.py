@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.tracking.devices import cuda_present
+from jupyter_gpumem.units import echoed_kind
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -43,6 +44,8 @@ def check_config(workload: Workload, config: Any) -> None:
                 "inference_mode=True is for inference trials, Trial(..., inference=True): a "
                 "training step needs autograd"
             )
+        if config.lora is None:  # LoRA's adapters are trained where the model is frozen
+            check_trainable(workload, "a training step")
         return
     default = type(config)()
     changed = [name for name in TRAINING_ONLY if getattr(config, name) != getattr(default, name)]
@@ -52,6 +55,18 @@ def check_config(workload: Workload, config: Any) -> None:
             f"{'changes' if len(changed) == 1 else 'change'} training steps; it takes "
             f"{INFERENCE_TAKES}"
         )
+
+
+def check_trainable(workload: Workload, what: str) -> None:
+    """ValueError, before any step, for a training workload whose model has no parameter
+    that requires grad: its backward has nothing to differentiate, and the real step fails."""
+    if workload.inference or any(p.requires_grad for p in workload.model.parameters()):
+        return
+    raise ValueError(
+        f"the model has no trainable parameters (none requires grad), so {what} has nothing "
+        "to train: for forward passes alone, Trial(..., inference=True); to train it, "
+        "unfreeze parameters (model.requires_grad_(True), or some of them)"
+    )
 
 
 def checked_workload(
@@ -141,7 +156,13 @@ def _device(torch: Any, model: Any, device: Any) -> Any:
     elif device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            "device is where the steps would run: 'cuda', 'cuda:1', 'cpu' or a torch.device; "
+            f"got {echoed_kind(device)}"
+        ) from None
     if device.type == "meta":
         raise ValueError("device must be where the steps would run (cuda or cpu), not meta")
     return indexed(torch, device)

@@ -346,6 +346,10 @@ def _files(
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(f"{allowed}; got {type(item).__name__} {echoed(item)} among them")
         text = os.fspath(item)
+        if "\0" in os.fsdecode(text):
+            raise ValueError(
+                f"{allowed}, and a path holds no NUL byte ('\\x00'); got {echoed(text)}"
+            )
         p = Path(text)
         if p.is_dir():
             matches = sorted(str(f) for f in p.glob("*.json"))

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
+import jupyter_gpumem  # noqa: E402
 from jupyter_gpumem.tuner.estimation.estimate import EstimateUnavailable  # noqa: E402
 from jupyter_gpumem.tuner.trial import Trial  # noqa: E402
 from jupyter_gpumem.units import parse_size  # noqa: E402
@@ -145,3 +146,49 @@ def test_a_bad_batch_size_gets_one_error_everywhere_one_is_taken(size: Any) -> N
     for name in ("low", "high"):
         with pytest.raises(ValueError, match=rf"^{name} must be a batch size, a whole number"):
             trial.max_batch_size("1GiB", lambda n: torch.zeros(n, 4), **{name: size})
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2))
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_model_with_nothing_to_train_is_refused_up_front_naming_the_fix() -> None:
+    frozen = _Blocks().requires_grad_(False)
+    trial = _trial(frozen, torch.zeros(3, 4))
+    fix = r"no trainable parameters .* inference=True.* unfreeze parameters"
+    for call in (
+        trial.estimate,
+        lambda: trial.max_batch_size("1GiB", lambda n: torch.zeros(n, 4)),
+        lambda: trial.search("1GiB", measure=False),
+        lambda: trial.plan("1GiB"),
+    ):
+        with pytest.raises(ValueError, match=fix):
+            call()
+    inference = Trial(frozen, torch.zeros(3, 4), lambda m, b: m(b), inference=True)
+    assert inference.estimate().peak_bytes is not None
+    adapted = trial.estimate(lora=4)  # adapters are what a LoRA step trains
+    assert adapted.peak_bytes is not None, adapted.reason
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", object()])
+def test_a_device_torch_does_not_know_says_what_is_allowed(device: Any) -> None:
+    with pytest.raises(ValueError, match="device is where the steps would run: 'cuda'"):
+        Trial(nn.Linear(4, 2), torch.zeros(3, 4), _loss, device=device)
+
+
+def test_a_nul_byte_in_a_path_is_refused_before_anything_runs(tmp_path: Any) -> None:
+    ran = []
+    with pytest.raises(ValueError, match=r"record\(.*\): a path holds no NUL byte"):
+        with jupyter_gpumem.record(str(tmp_path / "run\x00.json")):
+            ran.append(True)
+    assert not ran
+    for paths in ("run\x00.json", [str(tmp_path / "a\x00b.json")], str(tmp_path / "x\x00/*.json")):
+        with pytest.raises(ValueError, match=r"load_reports takes a path.* no NUL byte"):
+            jupyter_gpumem.load_reports(paths)
