@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from jupyter_gpumem.techniques import Config
-from jupyter_gpumem.tuner.estimation.estimate import EstimateUnavailable
 from jupyter_gpumem.tuner.trial import Trial
 
 transformers = pytest.importorskip("transformers")
@@ -163,23 +162,26 @@ opt = torch.optim.AdamW(model.parameters())
 est = Trial(model, batch, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt,
             device="cuda").estimate()
 print("PEAK", est.peak_bytes)
-print("REASON", est.reason)
+print("NOTE", est.notes[0] if est.notes else est.reason)
 """
 
 
 @pytest.mark.skipif(torch.backends.cuda.is_built(), reason="a torch build without CUDA")
-def test_a_cuda_estimate_on_a_cpu_only_build_says_what_to_install() -> None:
-    """Fake CUDA tensors with autograd abort a CPU-only build: the kernel must never try."""
+def test_a_cuda_estimate_on_a_cpu_only_build_is_made_without_cuda() -> None:
+    """Fake CUDA tensors with autograd abort a CPU-only build: the kernel never makes them, and
+    the estimate is made on the stand-in device of a worker process instead."""
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CUDA_ON_CPU_BUILD)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "PEAK None" in done.stdout
-    assert "without CUDA" in done.stdout and "pip install torch" in done.stdout
-    with pytest.raises(EstimateUnavailable, match="without CUDA"):
-        meta = _trial("gpt2", "meta", device="cuda")
-        meta.max_batch_size("1GiB", lambda n: torch.zeros(n, SEQ, dtype=torch.long))
+    assert "PEAK None" not in done.stdout
+    assert "NOTE estimated without CUDA, for the H100-80GB" in done.stdout
+    meta = _trial("gpt2", "meta", device="cuda")
+    made = meta.max_batch_size(
+        "1GiB", lambda n: {"input_ids": torch.zeros(n, SEQ, dtype=torch.long)}
+    )
+    assert made >= 1
 
 
 def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:

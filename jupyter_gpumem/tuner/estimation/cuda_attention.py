@@ -41,8 +41,10 @@ def backend(torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool) -> 
     ):
         return "flash"
     alignment = 16 // q.element_size()
+    learned_mask = mask is not None and mask.requires_grad and torch.is_grad_enabled()
     if (
-        four_d
+        not learned_mask
+        and four_d
         and same_heads
         and q.dtype == k.dtype == v.dtype
         and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
