@@ -21,11 +21,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 FLASH_DTYPES = ("float16", "bfloat16")
 FLASH_MAX_HEAD_DIM = 256
 EFFICIENT_ALIGNMENT = 8  # the efficient kernel's mask: its strides, in elements
+_INSTALLED: dict[str, Callable[..., Any]] = {}  # device type -> its attention kernel
+
+
+def whole_op_kernel(torch: Any, func: Any, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+    """The kernel to run for ``func`` where it reaches a dispatch mode whole (under
+    ``inference_mode`` the autograd key that takes it is skipped): the installed attention
+    kernel for tensors on the stand-in device; None otherwise."""
+    if not _INSTALLED or func is not torch.ops.aten.scaled_dot_product_attention.default:
+        return None
+    return _INSTALLED.get(getattr(getattr(args[0], "device", None), "type", ""))
 
 
 def backend(torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool) -> str:
@@ -98,6 +109,7 @@ def register(torch: Any, device_type: str) -> None:
 
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("scaled_dot_product_attention", sdpa, "AutogradPrivateUse1")
+    _INSTALLED[device_type] = sdpa
     register.library = lib  # type: ignore[attr-defined]  # kept alive
 
 

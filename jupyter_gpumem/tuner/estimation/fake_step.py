@@ -43,6 +43,7 @@ from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
+from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
 from jupyter_gpumem.tuner.estimation.fake_objects import (
     Faker,
     fake_batch,
@@ -109,6 +110,11 @@ def recording_mode() -> type:
             if any(is_traceable_wrapper_subclass_type(t) for t in types):
                 # a DTensor runs first and comes back here with the plain ops it desugars into
                 return NotImplemented
+            whole = whole_op_kernel(torch, func, args)
+            if whole is not None:  # the stand-in device's own kernel, its parts through here
+                with self:
+                    out = whole(*args, **(kwargs or {}))
+                return out
             if is_composite(torch, func):  # under inference_mode: its parts allocate
                 out = run_as_parts(self, func, args, kwargs)
                 if out is not NotImplemented:
