@@ -39,6 +39,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.stand_ins",
         "tuner.estimation.cuda_autocast",
         "tuner.estimation.cuda_attention",
+        "tuner.estimation.kernel_checks",
     ),
     ("tuner.estimation.fake_objects",),
     ("tuner.estimation.fake_step",),
