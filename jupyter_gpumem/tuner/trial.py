@@ -248,6 +248,7 @@ class Trial:
         low: int = 1,
         high: int | None = None,
         *,
+        gpu: str | None = None,
         count_held: bool = True,
         **config: Any,
     ) -> int:
@@ -255,7 +256,7 @@ class Trial:
 
         ``make_batch`` is called under the fake mode, so its tensors take no memory; the
         estimates are in ``trial.last_search``. Raises EstimateUnavailable with the reason
-        where a size cannot be estimated. ``count_held`` as in :meth:`estimate`.
+        where a size cannot be estimated. ``gpu`` and ``count_held`` as in :meth:`estimate`.
         """
         chosen = config_of(config)
         check_config(self.workload, chosen)
@@ -267,6 +268,7 @@ class Trial:
             high=high,
             config=chosen,
             count_held=count_held,
+            gpu=gpu,
         )
         self.last_search = search
         return search.batch_size

@@ -274,3 +274,15 @@ def test_every_family_of_the_zoo_is_estimated_for_a_card_from_the_cpu(case: Any)
     assert sum(found.breakdown.values()) == found.peak_bytes
     assert found.peak_reserved_bytes >= found.peak_bytes
     assert all(p.is_meta for p in built.model.parameters())
+
+
+def test_the_largest_batch_for_a_card_is_searched_from_the_cpu() -> None:
+    model, batch, loss = _mlp()
+    trial = Trial(model, batch, loss, optimizer=torch.optim.AdamW(model.parameters()), device="cpu")
+    budget = 80 * 2**20  # the library workspaces (65 MiB on an H200) and a little more
+    n = trial.max_batch_size(budget, lambda n: torch.randn(n, 256), gpu="H200", high=4096)
+    search = trial.last_search
+    assert 1 <= n < 4096
+    assert search.estimate is not None and search.estimate.peak_bytes <= budget
+    assert search.above is not None and search.above.peak_bytes > budget
+    assert search.estimate.notes[0] == "estimated without CUDA, for the H200"

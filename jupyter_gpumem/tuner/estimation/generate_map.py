@@ -167,13 +167,14 @@ def max_generate_context(
     batch_size: int,
     max_new_tokens: int,
     device: Any = None,
+    gpu: str | None = None,
     count_held: bool = True,
     **generate_kwargs: Any,
 ) -> ContextSearch:
     """The longest prompt whose ``generate`` of ``max_new_tokens`` at ``batch_size`` is
     estimated within ``budget`` (bytes, or a size such as ``"20GiB"``), up to the model's own
     longest context. Raises :class:`~.estimate.EstimateUnavailable` where a prompt cannot be
-    estimated."""
+    estimated. ``gpu`` names the card to estimate for, as in :func:`.estimate_generate`."""
     budget_bytes = budget_of(budget)
     t0 = time.perf_counter()
     limit = _position_limit(model)
@@ -191,6 +192,7 @@ def max_generate_context(
             prompt_tokens=n,
             max_new_tokens=max_new_tokens,
             device=device,
+            gpu=gpu,
             count_held=count_held,
             **generate_kwargs,
         )

@@ -158,6 +158,7 @@ def max_generate_batch(
     low: int = 1,
     high: int | None = None,
     device: Any = None,
+    gpu: str | None = None,
     count_held: bool = True,
     **generate_kwargs: Any,
 ) -> BatchSearch:
@@ -166,6 +167,7 @@ def max_generate_batch(
     ``budget`` is bytes or a size such as ``"20GiB"``; the peak compared is the allocated
     one, as ``torch.cuda.max_memory_allocated()`` reads it. 0 where even ``low`` does not
     fit. Raises :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
+    ``gpu`` names the card to estimate for, as in :func:`estimate_generate`.
     """
     budget_bytes = budget_of(budget)
     low, high = sizes_of(low, high)
@@ -179,6 +181,7 @@ def max_generate_batch(
             prompt_tokens=prompt_tokens,
             max_new_tokens=max_new_tokens,
             device=device,
+            gpu=gpu,
             count_held=count_held,
             **generate_kwargs,
         )

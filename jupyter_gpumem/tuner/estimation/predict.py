@@ -251,6 +251,7 @@ def max_batch_size(
     high: int | None = None,
     config: Config | None = None,
     count_held: bool = True,
+    gpu: str | None = None,
 ) -> BatchSearch:
     """The largest batch size in [low, high] whose estimate fits ``budget``; 0 where even
     ``low`` does not (with a warning that says so).
@@ -258,7 +259,7 @@ def max_batch_size(
     Peaks grow about linearly with the batch, so each guess is the line through the nearest
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
     a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
-    ``count_held`` as in :func:`estimate_workload`.
+    ``count_held`` and ``gpu`` as in :func:`estimate_workload`.
     """
     budget_bytes = budget_of(budget)
     checked_count_held(count_held)
@@ -276,6 +277,7 @@ def max_batch_size(
                 config,
                 make_batch=lambda: make_batch(n),
                 batch_size=n,
+                gpu=gpu,
                 count_held=count_held,
             )
         est = made[n]
