@@ -7,9 +7,11 @@ math fallback keeps the scores and their softmax. On a device of its own torch t
 path, so the stand-in device installs CUDA's pick (:func:`backend`, the rules below for
 compute capability 8.0 and later, torch 2.4 to 2.13: flash first, then memory-efficient, then
 math) and calls the kernel it picks, whose fake kernels make CUDA's shapes. A mask that requires
-grad (T5's learned position bias) takes the math path, as it measured on an H200 (torch 2.11;
-T5 in bf16 autocast: 8,682,075,648 B measured, 8,681,551,360 B estimated so without CUDA,
-6,213,219,840 B with the memory-efficient kernel).
+grad (a learned position bias) with dropout takes the math path; without dropout, the efficient
+kernel. So they measured on an H200 (torch 2.11): T5 in bf16 autocast, dropout 0.1,
+8,682,075,648 B measured, 8,681,551,360 B estimated so without CUDA (6,213,219,840 B with the
+efficient kernel); Swin in fp32, no dropout, as its estimate with the efficient kernel (-0.26%;
++3.0% with the math path).
 
 What the pick does to its inputs is made as CUDA makes it (``attention.cpp``): a boolean mask
 becomes an additive one in the query's dtype; the efficient kernel's mask is padded by 8 columns'
@@ -39,7 +41,9 @@ def whole_op_kernel(torch: Any, func: Any, args: tuple[Any, ...]) -> Callable[..
     return _INSTALLED.get(getattr(getattr(args[0], "device", None), "type", ""))
 
 
-def backend(torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool) -> str:
+def backend(
+    torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool, dropout_p: float = 0.0
+) -> str:
     """The kernel CUDA picks: "flash", "efficient" or "math"."""
     four_d = q.dim() == 4 and k.dim() == 4 and v.dim() == 4
     same_heads = q.size(-3) == k.size(-3) == v.size(-3) if four_d else False
@@ -55,9 +59,9 @@ def backend(torch: Any, q: Any, k: Any, v: Any, mask: Any, enable_gqa: bool) -> 
     ):
         return "flash"
     alignment = 16 // q.element_size()
-    learned_mask = mask is not None and mask.requires_grad and torch.is_grad_enabled()
+    learned = mask is not None and mask.requires_grad and torch.is_grad_enabled()
     if (
-        not learned_mask
+        not (learned and dropout_p > 0)
         and four_d
         and same_heads
         and q.dtype == k.dtype == v.dtype
@@ -84,7 +88,7 @@ def register(torch: Any, device_type: str) -> None:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> Any:
-        pick = backend(torch, query, key, value, attn_mask, enable_gqa)
+        pick = backend(torch, query, key, value, attn_mask, enable_gqa, dropout_p)
         mask = _additive(torch, attn_mask, query.dtype)
         if pick == "flash":
             padded = [_pad_last(torch, t, 8) for t in (query, key, value)]
