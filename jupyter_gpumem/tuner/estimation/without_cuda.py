@@ -246,7 +246,10 @@ class Worker:
             payload = layouts(job)
             if not self.alive():
                 self.stop()
-                self._start()
+                try:
+                    self._start()
+                except (OSError, ValueError) as exc:  # no socket pair or fd passing here
+                    return f"the estimate's process could not start ({exc})"
             try:
                 self._conn.send_bytes(pickle.dumps(sys.path))  # modules imported since
                 self._conn.send_bytes(layouts(work))
