@@ -287,3 +287,22 @@ def test_the_largest_batch_for_a_card_is_searched_from_the_cpu() -> None:
     assert search.estimate is not None and search.estimate.peak_bytes <= budget
     assert search.above is not None and search.above.peak_bytes > budget
     assert search.estimate.notes[0] == "estimated without CUDA, for the H200"
+
+
+def test_a_convolutional_model_is_told_what_is_not_modelled() -> None:
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
+    batch = torch.randn(4, 3, 16, 16)
+    trial = Trial(
+        model,
+        batch,
+        lambda m, b: m(b).sum(),
+        optimizer=torch.optim.SGD(model.parameters()),
+        device="cpu",
+    )
+    found = trial.estimate(gpu="H200")
+    assert found.peak_bytes is not None, found.reason
+    assert any("convolution workspaces are not modelled" in n for n in found.notes)
+    model, batch, loss = _mlp()
+    plain = Trial(model, batch, loss, optimizer=torch.optim.SGD(model.parameters()), device="cpu")
+    assert not any("convolution" in n for n in plain.estimate(gpu="H200").notes)
