@@ -16,7 +16,9 @@ The GPUs and strategy selectors make the configuration parallel (FSDP2 on 4 GPUs
 configuration is only estimated or measured through the trial, never put on the kernel's model:
 Apply applies the rest of it and says so. "Will it fit on N GPUs?" (`estimate_gpus`) estimates
 the configuration on 1, 2, 4 and 8 GPUs with each strategy and draws each rank's peak against
-the budget; Re-run with GPUs > 1 measures the ranks, shown outlined in the same chart.
+the budget; Re-run with GPUs > 1 measures the ranks, shown outlined in the same chart. The
+results sit in two tabs under the status line, "measurements" (the table and its charts) and
+"per GPU" (that chart), and each button brings the tab of its answer to the front.
 
 "Search", with a trial and a budget, runs `Trial.search` over checkpointed blocks x precision x
 optimizer variant x gradient accumulation (the optimizer's algorithm only when "fit may change"
@@ -159,13 +161,7 @@ class Tuner(widgets.VBox):
     @property
     def config(self) -> Config:
         """The configuration the panel shows; ValueError names a bad regex or a conflict."""
-        regex, picked = self.panel.regex.value.strip(), tuple(self.panel.modules.value)
-        chosen = [bool(regex), bool(picked), self.panel.all_blocks.value]
-        if sum(chosen) > 1:
-            raise ValueError(
-                "checkpoint all blocks, the modules picked in the list, or a regex: choose one"
-            )
-        spec = "blocks" if self.panel.all_blocks.value else regex or picked or None
+        spec = self.panel.checkpoint_spec()
         gpus, on_cpu = self.panel.gpus.value, self.panel.cpu_offload.value
         return Config(
             checkpoint=spec,
@@ -192,8 +188,7 @@ class Tuner(widgets.VBox):
         if config.every > 1 or (isinstance(spec, str) and spec != "blocks"):
             self.panel.more.selected_index = 0  # where every n-th and the regex are
         with self.hold_trait_notifications():
-            self.panel.all_blocks.value = spec == "blocks"
-            self.panel.modules.value = names
+            self.panel.pick(names, all_blocks=spec == "blocks")  # the block boxes follow
             self.panel.regex.value = spec if isinstance(spec, str) and spec != "blocks" else ""
             self.panel.every.value = config.every
             self.panel.precision.value = config.precision or AS_IS
@@ -312,6 +307,7 @@ class Tuner(widgets.VBox):
         )
         self.panel.status.value = f"estimated {len(found) - len(failed)} of {len(found)} choices"
         self._refresh()
+        self.panel.show_view("per GPU")
         return found
 
     def compare(self, configs: Sequence[Config]) -> list[TrialResult]:
@@ -427,6 +423,7 @@ class Tuner(widgets.VBox):
             lines.append(CPU_STEPS)
         first, *rest = (html.escape(line) for line in lines)
         self.panel.fit_text.value = f"<b>{first}</b><br>" + "<br>".join(rest)
+        self.panel.show_view("measurements")  # where its rows are
         return choice
 
     def search(self, budget: str | int | None = None, allow: Sequence[str] | None = None) -> Search:
@@ -473,6 +470,7 @@ class Tuner(widgets.VBox):
         self.panel.fit_text.value = ""  # the panel shows one answer: this search's
         unmeasured = UNMEASURED if not weights else ""
         self.panel.show_search(found, reasoning_html(found, unmeasured=unmeasured))
+        self.panel.show_view("measurements")  # where its rows are
         self.panel.status.value = (
             "searched: nothing fits"
             if found.config is None
@@ -519,6 +517,7 @@ class Tuner(widgets.VBox):
             allowed=techniques,
         )
         self.panel.status.value = "planned and verified" if plan.result else "planned"
+        self.panel.show_view("measurements")  # where its rows are
         self._refresh()
         return plan
 
@@ -546,6 +545,8 @@ class Tuner(widgets.VBox):
                     self.panel.progress.value = i
                     self._refresh()
             self.panel.status.value = f"measured {len(out)} configuration(s)"
+            ranks = any(c.parallel is not None for c in configs)
+            self.panel.show_view("per GPU" if ranks else "measurements")
         finally:
             self._busy = False
             if self.trial is None and not keep:
@@ -709,7 +710,7 @@ class Tuner(widgets.VBox):
         base = self._gpu_base
         groups = rank_groups(self.gpu_estimates, self.results, base)
         title = "peak per GPU" if base is None or base == Config() else f"peak per GPU: {base}"
-        self.panel.ranks.update(groups, self.budget_bytes, title)
+        self.panel.show_ranks(groups, self.budget_bytes, title)
 
     def _show_blocks(self) -> None:
         """The block bars from the latest run whose report has the peak by module."""

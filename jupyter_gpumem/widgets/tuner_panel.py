@@ -6,7 +6,7 @@ the configuration the panel holds, gradient accumulation included, which has no 
 own: Search sets it, Apply applies it. With pure bf16 it says what Revert keeps.
 
 Checkpointing offers the model's repeated blocks first: "all N blocks" and a toggle per block
-beside its activations at the peak. Everything else (other modules, every n-th, a regex) is
+beside its activations at the peak; "all" ticks every toggle and is ticked while all are. Everything else (other modules, every n-th, a regex) is
 behind the "more checkpoint choices" disclosure, open only for a model without repeated blocks;
 its module list leaves out single layers (a Linear, a Dropout, a LayerNorm: checkpointing one
 frees next to nothing) until "list single layers too" is ticked. Until a run has a breakdown,
@@ -24,7 +24,7 @@ import ipywidgets as widgets
 from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISIONS
 from jupyter_gpumem.widgets.block_bars import BlockBars
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS
-from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart
+from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, RankChart, RankGroup
 from jupyter_gpumem.widgets.search_chart import SearchChart
 from jupyter_gpumem.widgets.tuner_charts import (
     AS_IS,
@@ -40,7 +40,16 @@ from jupyter_gpumem.widgets.tuner_charts import (
 if TYPE_CHECKING:
     from jupyter_gpumem.tuner.planning.joint import Search
 
-__all__ = ["CHARTS_LATER", "FIT_TECHNIQUES", "SEARCH_BUTTON", "Module", "Panel", "gpu_options"]
+__all__ = [
+    "CHARTS_LATER",
+    "FIT_TECHNIQUES",
+    "GPUS_LATER",
+    "SEARCH_BUTTON",
+    "VIEWS",
+    "Module",
+    "Panel",
+    "gpu_options",
+]
 
 # What "Fit to budget" may change, and whether it may by default: the optimizer is the user's
 # training math, so a fit keeps it unless asked.
@@ -52,6 +61,12 @@ PURE_BF16 = (
     "them back to their dtypes and keeps what was trained meanwhile, at bf16 precision; a value "
     "training left as it was comes back bit for bit."
 )
+GPUS_LATER = (
+    f'"{GPUS_BUTTON}" estimates each GPU\'s peak on '
+    f"{', '.join(map(str, GPU_COUNTS[:-1]))} and {GPU_COUNTS[-1]} GPUs with each strategy (it "
+    "needs a trial); Re-run with more than 1 GPU measures them."
+)
+VIEWS = ("measurements", "per GPU")  # the tabs under the status line
 NO_BREAKDOWN = "No measurement has a breakdown to chart yet (see the notes in the table)."
 SEARCH_BUTTON = "Search"
 SEARCH_NEEDS = {
@@ -72,6 +87,10 @@ class Module(NamedTuple):
 def gpu_options(counts: Sequence[int]) -> list[tuple[str, int]]:
     """The GPUs dropdown's choices: ``("1 GPU", 1), ("2 GPUs", 2), ...``."""
     return [(f"{n} GPU" + ("s" if n > 1 else ""), n) for n in counts]
+
+
+def _wrap() -> widgets.Layout:
+    return widgets.Layout(flex_flow="row wrap", align_items="center")
 
 
 def _muted(text: str) -> str:
@@ -110,6 +129,11 @@ class Panel:
         self.all_blocks = widgets.Checkbox(
             description=f"all {len(blocks)} blocks", disabled=not blocks, indent=False
         )
+        # ticked by hand (or by `Tuner.set` with "blocks"), not because each block was picked
+        self.all_chosen = False
+        self._echo = False  # the all box set by the blocks' own boxes, not by the user
+        self.all_blocks.observe(self._on_all_blocks, names="value")
+        self.modules.observe(self._on_picked, names="value")
         kinds = sorted({m.kind for m in modules if m.single and m.name not in self.blocks})
         shown = ", ".join(kinds[:4]) + (", ..." if len(kinds) > 4 else "")
         self.single_layers = widgets.Checkbox(
@@ -223,6 +247,17 @@ class Panel:
         self.charts = widgets.HBox()  # empty until a run has something to draw
         self.charts_note = widgets.HTML(_muted(CHARTS_LATER))
         self.ranks = RankChart()  # empty until something ran or was estimated on GPUs
+        self.ranks_note = widgets.HTML(_muted(GPUS_LATER))
+        # The results right under the status line, one view at a time: the measurements, or
+        # each GPU's peak, which "Will it fit on N GPUs?" brings to the front.
+        self.views = widgets.Tab(
+            children=[
+                widgets.VBox([self.table, self.steps_note, self.charts_note, self.charts]),
+                widgets.VBox([self.ranks_note, self.ranks.widget]),
+            ],
+            titles=VIEWS,
+            selected_index=0,
+        )
         self.cell_output = widgets.Output()
         checkpoint = (
             widgets.HBox(
@@ -243,6 +278,7 @@ class Panel:
             widgets.HTML(title_html),
             checkpoint,
             self.more,
+            # rows that wrap where the notebook is narrow, so that no control is cut off
             widgets.HBox(
                 [
                     self.precision,
@@ -252,27 +288,25 @@ class Panel:
                     self.cpu_offload,
                     self.gpus,
                     self.strategy,
-                ]
+                ],
+                layout=_wrap(),
             ),
             self.configuration,
-            widgets.HBox(list(self.buttons.values())),
+            widgets.HBox(list(self.buttons.values()), layout=_wrap()),
             widgets.HBox(
                 [
                     self.budget,
                     widgets.Label("fit may change:"),
                     *self.fit_techniques.values(),
                     self.budget_error,
-                ]
+                ],
+                layout=_wrap(),
             ),
             widgets.HBox([self.progress, self.status]),
             self.messages,
             self.fit_text,
             self.search_view,
-            self.table,
-            self.steps_note,
-            self.charts_note,
-            self.charts,
-            self.ranks.widget,
+            self.views,
             widgets.Accordion(children=[self.cell_output], titles=("re-run cell output",)),
         ]
 
@@ -295,6 +329,50 @@ class Panel:
         self.modules.options = options  # which empties the selection: put it back
         offered = {value for _, value in options}
         self.modules.value = tuple(n for n in picked if n in offered)
+
+    def _on_all_blocks(self, change: dict[str, Any]) -> None:
+        """ "all N blocks" ticks every block's box, or unticks them all."""
+        if self._echo:
+            return
+        self.all_chosen = change["new"]
+        picked, blocks = set(self.modules.value), set(self.blocks)
+        picked = picked | blocks if change["new"] else picked - blocks
+        self.modules.value = tuple(v for _, v in self.modules.options if v in picked)
+
+    def _on_picked(self, change: dict[str, Any]) -> None:
+        """ "all N blocks" is ticked exactly while every block is picked."""
+        every = bool(self.blocks) and set(self.blocks) <= set(change["new"])
+        if not every:
+            self.all_chosen = False
+        self._tick_all(every)
+
+    def _tick_all(self, value: bool) -> None:
+        """Tick or untick "all N blocks" without picking or dropping blocks."""
+        if self.all_blocks.value != value:
+            self._echo = True
+            try:
+                self.all_blocks.value = value
+            finally:
+                self._echo = False
+
+    def pick(self, names: Sequence[str], *, all_blocks: bool = False) -> None:
+        """Pick ``names`` to checkpoint, or every block as "all N blocks" does."""
+        self.modules.value = tuple(self.blocks) if all_blocks else tuple(names)
+        if all_blocks:
+            self._tick_all(True)  # a model without blocks too: its step then says so
+        self.all_chosen = all_blocks
+
+    def checkpoint_spec(self) -> str | tuple[str, ...] | None:
+        """What the checkpoint controls pick, as `Config.checkpoint` takes it: "blocks" when
+        "all N blocks" was ticked, else the modules picked or the regex; ValueError for both."""
+        regex, picked = self.regex.value.strip(), tuple(self.modules.value)
+        if regex and (picked or self.all_blocks.value):
+            raise ValueError(
+                "checkpoint all blocks, the modules picked in the list, or a regex: choose one"
+            )
+        if self.all_blocks.value and self.all_chosen and set(picked) == set(self.blocks):
+            return "blocks"
+        return regex or picked or None
 
     def show_modules(self, names: Sequence[str]) -> None:
         """Make sure the list offers ``names`` (single layers too if one of them is one), and
@@ -363,6 +441,17 @@ class Panel:
         """Add lines to the message area."""
         self.messages.value += "".join(message_html(kind, line) for line in lines)
 
+    def show_view(self, name: str) -> None:
+        """Bring the tab ``name`` (one of VIEWS) to the front."""
+        self.views.selected_index = VIEWS.index(name)
+
+    def show_ranks(self, groups: Sequence[RankGroup], budget_bytes: int | None, title: str) -> None:
+        """Draw each GPU's peak in the "per GPU" tab; its title counts the choices."""
+        self.ranks.update(groups, budget_bytes, title)
+        self.ranks_note.value = "" if groups else _muted(GPUS_LATER)
+        n = len(groups)
+        self.views.titles = (self.views.titles[0], f"{VIEWS[1]} ({n})" if n else VIEWS[1])
+
     def show(self, rows: Sequence[Row], budget_bytes: int | None = None) -> None:
         """Redraw the table and the charts from ``rows``; the charts only once they have data."""
         self.table.value = rows_html(rows)
@@ -375,3 +464,5 @@ class Panel:
         if tuple(drawn) != tuple(self.charts.children):
             self.charts.children = drawn
         self.charts_note.value = "" if drawn else _muted(NO_BREAKDOWN if rows else CHARTS_LATER)
+        n = len(rows)
+        self.views.titles = (f"{VIEWS[0]} ({n})" if n else VIEWS[0], self.views.titles[1])

@@ -700,9 +700,14 @@ def test_will_it_fit_with_the_real_estimates_of_a_tiny_mlp_on_two_cpu_ranks(
     trial = Trial(model, torch.randn(32, 64), _loss, optimizer=opt, warmup=1, steps=2)
     tuner = tune(model, "opt", trial=trial, shell=shell)
     before = [p.detach().clone() for p in model.parameters()]
+    assert tuner.panel.views.selected_index == 0  # the measurements' tab
     one, ddp, fsdp = tuner.estimate_gpus((1, 2))
     assert tuner.panel.messages.value == "", tuner.panel.messages.value
     assert tuner.panel.status.value == "estimated 3 of 3 choices"
+    # the chart comes to the front under the status line, its tab counting the choices
+    assert tuner.panel.views.selected_index == 1
+    assert tuner.panel.views.titles == ("measurements", "per GPU (3)")
+    assert tuner.panel.ranks_note.value == ""
     assert [(e.config.parallel, e.config.world_size, len(e.ranks)) for e in (one, ddp, fsdp)] == [
         (None, 1, 0), ("ddp", 2, 2), ("fsdp2", 2, 2)
     ]  # fmt: skip
@@ -803,6 +808,24 @@ def test_checkpoint_controls_offer_blocks_and_keep_single_layers_behind_more(
     tuner.set(Config(checkpoint=("blocks.1", "head")))  # a single layer, set from code
     assert panel.single_layers.value and panel.more.selected_index == 0
     assert tuner.config == Config(checkpoint=("blocks.1", "head"))
+
+
+def test_all_blocks_and_the_block_toggles_agree_whichever_was_set(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    tuner = tune(ns["model"], "opt", shell=shell)
+    panel, toggles = tuner.panel, tuner.panel.block_bars.toggles
+    tuner.set(Config(checkpoint="blocks"))
+    assert panel.all_blocks.value and all(box.value for box in toggles.values())
+    assert tuner.config == Config(checkpoint="blocks")
+    every = tuple(toggles)
+    tuner.set(Config(checkpoint=every))  # a plan that names each block: kept as named
+    assert panel.all_blocks.value and tuner.config == Config(checkpoint=every)
+    toggles["blocks.3"].value = False
+    assert not panel.all_blocks.value and tuner.config == Config(checkpoint=every[:3])
+    panel.all_blocks.value = True
+    assert tuner.config == Config(checkpoint="blocks") and toggles["blocks.3"].value
+    assert "ckpt blocks" in panel.configuration.value
 
 
 def test_a_checkpoint_of_single_layers_says_so_in_its_row(

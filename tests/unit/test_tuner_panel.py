@@ -12,6 +12,8 @@ from jupyter_gpumem.widgets.plan_view import CPU_STEPS
 from jupyter_gpumem.widgets.tuner_panel import (
     CHARTS_LATER,
     FIT_TECHNIQUES,
+    GPUS_LATER,
+    VIEWS,
     Module,
     Panel,
 )
@@ -116,3 +118,49 @@ def test_pure_bf16_says_that_revert_keeps_what_was_trained() -> None:
     panel.precision.value = "bf16-autocast"
     panel.show_config("bf16-autocast")
     assert "Revert" not in panel.configuration.value
+
+
+def test_all_blocks_ticks_each_block_and_follows_them() -> None:
+    panel = _panel()
+    toggles = panel.block_bars.toggles
+    panel.all_blocks.value = True
+    assert all(box.value for box in toggles.values())  # the bars' "checkpointed" agree
+    assert panel.modules.value == tuple(BLOCKS) and panel.checkpoint_spec() == "blocks"
+    toggles[BLOCKS[1]].value = False
+    assert not panel.all_blocks.value  # no longer all of them
+    assert panel.checkpoint_spec() == (BLOCKS[0], BLOCKS[2], BLOCKS[3])
+    toggles[BLOCKS[1]].value = True
+    assert panel.all_blocks.value  # every block's box ticked: "all" is
+    panel.all_blocks.value = False
+    assert not any(box.value for box in toggles.values()) and panel.checkpoint_spec() is None
+    panel.modules.value = ("transformer.h.0.attn",)
+    panel.all_blocks.value = True  # the blocks join what was picked
+    assert panel.modules.value == (*BLOCKS, "transformer.h.0.attn")
+    panel.all_blocks.value = False
+    assert panel.modules.value == ("transformer.h.0.attn",)
+
+
+def test_every_row_of_controls_wraps_rather_than_cutting_one_off() -> None:
+    panel = _panel()
+    rows = [c for c in panel.children if panel.strategy in getattr(c, "children", ())]
+    rows += [c for c in panel.children if panel.budget in getattr(c, "children", ())]
+    rows += [c for c in panel.children if panel.buttons["Apply"] in getattr(c, "children", ())]
+    assert len(rows) == 3 and all(r.layout.flex_flow == "row wrap" for r in rows)
+
+
+def test_the_gpu_chart_has_a_tab_right_under_the_status_line() -> None:
+    panel = _panel()
+    assert panel.views.titles == VIEWS == ("measurements", "per GPU")
+    status_row = next(c for c in panel.children if panel.status in getattr(c, "children", ()))
+    between = panel.children[
+        panel.children.index(status_row) + 1 : panel.children.index(panel.views)
+    ]
+    assert between == [panel.messages, panel.fit_text, panel.search_view]  # empty until used
+    measurements, per_gpu = panel.views.children
+    assert panel.table in measurements.children and panel.charts in measurements.children
+    assert panel.ranks.widget in per_gpu.children and GPUS_LATER in panel.ranks_note.value
+    panel.show([ROW, ROW])
+    panel.show_ranks([], None, "peak per GPU")
+    assert panel.views.titles == ("measurements (2)", "per GPU")
+    panel.show_view("per GPU")
+    assert panel.views.selected_index == 1
