@@ -85,6 +85,7 @@ from jupyter_gpumem.tuner.results import TrialResult, cell_result
 from jupyter_gpumem.tuner.trial import Trial
 from jupyter_gpumem.tuner.workload import holds_no_weights
 from jupyter_gpumem.units import SIZE_HELP, echoed_kind, parse_size
+from jupyter_gpumem.widgets import tuner_reuse
 from jupyter_gpumem.widgets.chart_labels import chart_label
 from jupyter_gpumem.widgets.plan_view import CPU_STEPS, choice_line, kept_line, plan_html
 from jupyter_gpumem.widgets.rank_chart import GPU_COUNTS, choice_label, gpu_choices, rank_groups
@@ -156,6 +157,31 @@ class Tuner(widgets.VBox):
         if budget is not None:
             self.panel.budget.value = str(budget)  # validated by the observer, like typed input
             self.set_budget(budget)
+
+    def show_again(self, budget: str | int | None = None) -> None:
+        """Shown again by `tune` (its cell re-run): keep everything, set ``budget`` if given."""
+        if budget is not None:
+            self.panel.budget.value = str(budget)
+            self.set_budget(budget)
+        n = len(self.results)
+        self.panel.messages.value = ""
+        self.panel.say(
+            "info",
+            [
+                f"Shown again: tune() for this model with the same optimizer variable and trial "
+                f"gives the panel made before, its {n} measurement{'s' if n != 1 else ''} and "
+                "selections kept (tuner.close(), then tune(), for a fresh one)."
+            ],
+        )
+
+    def give_way(self) -> Config | None:
+        """A fresh panel takes the model: revert what this one applied; returns it, if any."""
+        held = None if self._applied is None else self._applied.config
+        self._revert()
+        self.panel.status.value = "replaced by a fresh panel for this model" + (
+            f": {held} reverted" if held is not None else ""
+        )
+        return held
 
     # -- programmatic API: the buttons call these ---------------------------------------------
     @property
@@ -776,10 +802,43 @@ def tune(
 ) -> Tuner:
     """A technique-tuner panel for ``model``; ``optimizer`` names the user's optimizer variable.
 
-    Each argument is checked first: a TypeError or ValueError says what it takes.
+    Each argument is checked first: a TypeError or ValueError says what it takes. Called
+    again for the same model, optimizer variable and trial (re-running its cell), it returns
+    the open panel it made before, measurements kept; otherwise a fresh one that says so.
     """
     _check_tune(model, optimizer, trial, budget, shell)
-    return Tuner(model, optimizer, trial, budget=budget, shell=shell)
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    before = tuner_reuse.earlier(model, shell)
+    change = None if before is None else tuner_reuse.differs(before, optimizer, trial)
+    if before is not None and change is None:
+        before.show_again(budget)
+        return before
+    reverted = None if before is None else before.give_way()
+    tuner = Tuner(model, optimizer, trial, budget=budget, shell=shell)
+    if before is not None:
+        tuner.panel.say("info", [fresh_line(before, change or "", reverted)])
+    tuner_reuse.remember(tuner)
+    return tuner
+
+
+def fresh_line(before: Tuner, change: str, reverted: Config | None) -> str:
+    """What a fresh panel says of the one made before for its model."""
+    n = len(before.results)
+    kept = (
+        f"its {n} measurement{'s stay' if n != 1 else ' stays'} in that tuner's results"
+        if n
+        else ""
+    )
+    undone = f"what it applied ({reverted}) was reverted" if reverted is not None else ""
+    done = "; ".join(p for p in (kept, undone) if p)
+    return (
+        f"A fresh panel: the one made before for this model had {change}"
+        + (f"; {done}" if done else "")
+        + ". tune() with its optimizer variable and trial shows that one again."
+    )
 
 
 def _check_tune(model: Any, optimizer: Any, trial: Any, budget: Any, shell: Any) -> None:

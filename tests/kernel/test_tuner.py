@@ -724,6 +724,44 @@ def test_will_it_fit_with_the_real_estimates_of_a_tiny_mlp_on_two_cpu_ranks(
     assert not isinstance(model, nn.parallel.DistributedDataParallel)
 
 
+def test_tune_again_for_the_same_model_shows_its_panel_or_says_why_not(
+    shell: InteractiveShell, ns: dict[str, Any]
+) -> None:
+    model = ns["model"]
+
+    def trial(steps: int = 2) -> Trial:
+        return Trial(model, ns["x"], _loss, optimizer=ns["opt"], warmup=1, steps=steps)
+
+    tuner = tune(model, "opt", trial=trial(), shell=shell)
+    tuner.rerun()
+    tuner.set(Config(precision="bf16-autocast"))
+    # the cell re-run: a new Trial of the same step gives the same panel, as it was
+    again = tune(model, "opt", trial=trial(), shell=shell, budget="1MiB")
+    assert again is tuner and [r.label for r in again.results] == ["baseline"]
+    assert again.config == Config(precision="bf16-autocast") and again.budget_bytes == 2**20
+    assert "Shown again: tune() for this model with the same optimizer variable and trial" in (
+        again.panel.messages.value
+    )
+    # another trial: a fresh panel that says so, the earlier one's bf16 weights reverted
+    tuner.set(Config(precision="bf16"))
+    tuner.apply()
+    fresh = tune(model, "opt", trial=trial(steps=3), shell=shell)
+    assert fresh is not tuner and fresh.results == []
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert fresh.panel.precision.label == "fp32 (as is)"
+    assert (
+        "A fresh panel: the one made before for this model had another trial; its 1 measurement "
+        "stays in that tuner&#x27;s results; what it applied (bf16) was reverted."
+    ) in fresh.panel.messages.value
+    assert tuner.panel.status.value == "replaced by a fresh panel for this model: bf16 reverted"
+    other = tune(model, "opt2", shell=shell)
+    assert "had the optimizer variable &#x27;opt&#x27;, not &#x27;opt2&#x27;" in (
+        other.panel.messages.value
+    )
+    other.close()  # closed: nothing to show again
+    assert tune(model, "opt", trial=trial(steps=3), shell=shell).panel.messages.value == ""
+
+
 # -- issue 40: what a new user sees on the CPU -------------------------------------------------
 
 
