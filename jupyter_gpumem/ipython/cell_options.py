@@ -44,8 +44,7 @@ usage: {CELL_USAGE}
 
 Values are quoted as in a shell (--name "two words"); --opt=VALUE also works.
 """
-# IPython shows a UsageError as "UsageError: <message>" and does not run the cell: the one way
-# to answer --help from here (the magic runs the cell whenever parse_options returns).
+# What parse_options raises for --help; the magic asks `asks_help` first and prints the help.
 HELP_SHOWN = f"help for %%gpumem (the cell was not run)\n\n{CELL_HELP}"
 
 _VALUED = ("-o", "--name", "--device", "--budget", "--snapshot", "--top", "--estimate")
@@ -143,6 +142,16 @@ def check_variable(name: str, reserved: Collection[str] = ()) -> None:
     )
     if bad:
         raise UsageError(f"-o needs {VARIABLE_HELP}; got {name!r}")
+
+
+def asks_help(line: str) -> bool:
+    """Whether the `%%gpumem` line asks for the help (a line that does not split asks nothing:
+    `parse_options` says what is wrong with it)."""
+    try:
+        words = split_words(line, CELL_USAGE)
+    except UsageError:
+        return False
+    return _asks_help(words)
 
 
 def _asks_help(words: list[str]) -> bool:

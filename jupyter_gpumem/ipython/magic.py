@@ -24,6 +24,7 @@ from jupyter_gpumem.ipython.cell_options import (
     CELL_HELP,
     CELL_USAGE,
     Options,
+    asks_help,
     parse_options,
     split_words,
 )
@@ -41,14 +42,21 @@ __all__ = ["CELL_USAGE", "GpuMemMagics", "Options", "load", "parse_options", "un
 
 LINE_COMMANDS = ("status", "history", "monitor", "free")
 LINE_USAGE = "%gpumem [status | history | free | monitor [--interval SECONDS] [--device N ...]]"
-LINE_HELP = f"""usage: {LINE_USAGE}
-
-  status    the extension's state: devices, recording, reports kept
+LINE_LIST = """  status    the extension's state: devices, recording, reports kept
   history   this kernel's %%gpumem reports, one row each
   free      release the tensors IPython holds (output cache, last traceback)
-  monitor   live GPU gauges (for front ends without the sidebar)
+  monitor   live GPU gauges (for front ends without the sidebar)"""
+LINE_HELP = f"""usage: {LINE_USAGE}
+
+{LINE_LIST}
 
 %%gpumem --help shows the cell magic's options."""
+# What `%%gpumem --help` prints (the cell is not run): the options and every line command.
+HELP = f"""{CELL_HELP}
+As a line magic: {LINE_USAGE}
+
+{LINE_LIST}
+"""
 
 
 @magics_class
@@ -62,6 +70,11 @@ class GpuMemMagics(Magics):
         __tracebackhide__ = True  # IPython leaves our frames out of the body's tracebacks
         shell = self.shell
         assert shell is not None
+        if asks_help(line):  # shown as output, not as an error; the body does not run
+            print(HELP)
+            running = cell_run.running_cell(shell, cell)
+            awaited = running.awaited if running is not None else cell_run.result_awaited()
+            return _nothing() if awaited else None
         opts = parse_options(line, reserved=shell.user_ns_hidden)
         self._check_devices(opts)
         expected = _estimate_in(shell, opts.estimate)
@@ -91,7 +104,7 @@ class GpuMemMagics(Magics):
                 coro.close()  # a Ctrl-C before it started: no "never awaited" warning later
             raise
 
-    gpumem.__doc__ = f"{CELL_HELP}\nAs a line magic: {LINE_USAGE}\n"
+    gpumem.__doc__ = HELP
 
     async def _failed(
         self, running: cell_run.RunningCell | None, outcome: cell_run.Outcome
@@ -174,7 +187,8 @@ class GpuMemMagics(Magics):
         words = split_words(line, LINE_USAGE)
         command, args = (words[0], words[1:]) if words else ("status", [])
         if command in ("-h", "--help"):
-            raise UsageError(f"help for %gpumem\n\n{LINE_HELP}")
+            print(LINE_HELP)
+            return None
         if command == "monitor":
             return _monitor(args)
         if command not in LINE_COMMANDS:
@@ -193,6 +207,10 @@ class GpuMemMagics(Magics):
 
         print(release(self.shell))
         return None
+
+
+async def _nothing() -> None:
+    """What an awaited `%%gpumem --help` awaits: the help is printed already."""
 
 
 def _estimate_in(shell: InteractiveShell, name: str | None) -> Any:

@@ -1,4 +1,4 @@
-"""`%%gpumem --help` and `-h`: the help, shown as IPython shows a UsageError, and no cell run."""
+"""`%%gpumem --help` and `-h`: the help as plain output, every line command in it, no cell run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_gpumem import logbook
 from jupyter_gpumem.ipython.cell_options import CELL_HELP
+from jupyter_gpumem.ipython.magic import HELP, LINE_COMMANDS, GpuMemMagics
 
 
 @pytest.mark.parametrize("line", ["--help", "-h", "-o r --help", "--bogus -h", "--help --top 0"])
@@ -16,13 +17,29 @@ def test_help_prints_the_usage_and_does_not_run_the_body(
 ) -> None:
     shell.user_ns.pop("ran", None)
     result = shell.run_cell(f"%%gpumem {line}\nran = True")
-    assert isinstance(result.error_in_exec, UsageError)
+    assert result.success  # help, not an error: no red box
     shown = capsys.readouterr()
-    assert "UsageError: help for %%gpumem (the cell was not run)\n\n" + CELL_HELP in shown.err
-    assert "usage: %%gpumem [-h] [-o VAR]" in shown.err
-    assert "-h, --help       show this help; the cell is not run" in shown.err
+    assert shown.err == "" and shown.out == HELP + "\n"
+    assert shown.out.startswith(CELL_HELP)
+    assert "usage: %%gpumem [-h] [-o VAR]" in shown.out
+    assert "-h, --help       show this help; the cell is not run" in shown.out
+    for command in LINE_COMMANDS:  # %gpumem free too
+        assert f"\n  {command}  " in shown.out
     assert "ran" not in shell.user_ns and "r" not in shell.user_ns
     assert logbook.reports() == []
+
+
+def test_help_of_a_body_that_awaits_is_shown_too(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns.pop("ran", None)
+    result = shell.run_cell("%%gpumem -h\nimport asyncio\nawait asyncio.sleep(0)\nran = True")
+    assert result.success and capsys.readouterr().out == HELP + "\n"
+    assert "ran" not in shell.user_ns
+
+
+def test_the_docstring_is_the_help(shell: InteractiveShell) -> None:
+    assert GpuMemMagics.gpumem.__doc__ == HELP
 
 
 def test_a_label_that_reads_like_help_is_a_label(shell: InteractiveShell) -> None:
