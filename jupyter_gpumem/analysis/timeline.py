@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PHASES = ("forward", "backward", "optimizer", "prefill", "decode", "other")
 
@@ -53,6 +53,19 @@ def extended(tl: Timeline, end_s: float, end_bytes: int) -> Timeline:
         bands=tl.bands,
         peak_t_s=end_s if higher else tl.peak_t_s,
         peak_bytes=end_bytes if higher else tl.peak_bytes,
+    )
+
+
+def held_until(tl: Timeline, end_s: float) -> Timeline:
+    """``tl`` to ``end_s``, its last figures held after its last event: the time axis spans
+    the whole cell, also where the cell raised or ran on without allocating."""
+    if not tl.t_s or end_s <= tl.t_s[-1]:
+        return tl
+    return replace(
+        tl,
+        t_s=(*tl.t_s, end_s),
+        allocated_bytes=(*tl.allocated_bytes, *tl.allocated_bytes[-1:]),
+        reserved_bytes=(*tl.reserved_bytes, *tl.reserved_bytes[-1:]),
     )
 
 

@@ -13,7 +13,7 @@ from jupyter_gpumem.analysis.leak_hints import LeakHint, worth_showing
 from jupyter_gpumem.analysis.library_memory import LibraryMemory
 from jupyter_gpumem.analysis.peaks import DevicePeaks, device_peaks, past_windows
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay_exact
-from jupyter_gpumem.analysis.timeline import extended
+from jupyter_gpumem.analysis.timeline import extended, held_until
 from jupyter_gpumem.records import BlockState, CellRecording, DeviceRecording, TraceEvent
 from jupyter_gpumem.report.record import NO_CUDA, DeviceReport, Report, main_device, status_of
 from jupyter_gpumem.units import format_bytes, format_seconds
@@ -84,6 +84,10 @@ def build_report(
             notes.append(note)
     if not rec.cuda_available:
         notes.insert(0, NO_CUDA)
+    devices = [
+        d if d.timeline is None else replace(d, timeline=held_until(d.timeline, rec.wall_s))
+        for d in devices
+    ]
     status = "ok"
     error = None
     if rec.error is not None:

@@ -129,3 +129,24 @@ def test_a_module_named_by_an_index_reads_as_a_module() -> None:
     r = replace(_cpu_report(), devices=(device,))
     assert "  model.2    16.0 MiB  mostly parameters" in str(r).splitlines()
     assert 'title="model.2"' in r._repr_mimebundle_()["text/html"]
+
+
+def test_the_timeline_spans_the_whole_cell_when_it_raised_after_its_last_allocation() -> None:
+    frame = {"filename": CELL, "line": 2, "name": "<module>"}
+    rec = replace(
+        _cpu_recording(),
+        wall_s=0.329,
+        error=ValueError("boom"),
+        cpu_events=(
+            TraceEvent("alloc", 16, 4 * MiB, 20_000, (frame,)),
+            TraceEvent("free_requested", 16, 4 * MiB, 50_000, (frame,)),
+        ),
+    )
+    r = build_report(rec, cell=(CELL, 0))
+    assert r.status == "error" and r.timeline is not None
+    assert r.timeline.t_s[-2:] == (0.05, 0.329)  # the last event, then the cell's end
+    assert r.timeline.allocated_bytes[-2:] == (0, 0)  # held: nothing happened after it
+    assert r.timeline.peak_bytes == 4 * MiB and r.timeline.peak_t_s == 0.02
+    svg = r._repr_mimebundle_()["text/html"]
+    assert ">329 ms</text>" in svg and ">50 ms</text>" not in svg
+    assert r.to_dict()["devices"][0]["timeline"]["t_s"][-1] == 0.329  # the JupyterLab view's
