@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+
+# The tests' tensors are small, so torch's intra-op threads cost more than they give; on a
+# 2-core machine they spin against the kernels and servers the tests start (a plan in
+# test_plan.py: 202 s with two threads, 40 s with one). Set before torch is imported, so the
+# kernels, ranks and workers the tests start inherit it; a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file: the variable is read at import
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture
