@@ -310,11 +310,20 @@ class AwaitTransform:
     cell until the cell has run (``post_execute``), since ipykernel reads a cell once to choose
     how to run it and ``run_cell`` reads it again. A Ctrl-C at the very instruction that enters
     it is IPython's, as it is for any cell.
+
+    IPython refuses a cell magic with an empty body before the magic is called; a line that
+    ``answers_alone`` (``--help``) is handed to the magic with a body of one newline instead.
     """
 
-    def __init__(self, shell: InteractiveShell, magic_name: str) -> None:
+    def __init__(
+        self,
+        shell: InteractiveShell,
+        magic_name: str,
+        answers_alone: Callable[[str], bool] = lambda line: False,
+    ) -> None:
         self.shell = shell
         self.magic_name = magic_name
+        self.answers_alone = answers_alone
         self.prefix = f"get_ipython().run_cell_magic({magic_name!r}, "
         self.cut: str | None = None  # the cell a Ctrl-C cut while it was read, until it ran
         self._nested = False  # reading the body: the outer call answers for a Ctrl-C
@@ -339,6 +348,8 @@ class AwaitTransform:
             call = magic_call("".join(lines))
             if call is None or call.awaited or call.name != self.magic_name:
                 return lines
+            if not call.cell and self.answers_alone(call.line):
+                return [f"get_ipython().run_cell_magic({call.name!r}, {call.line!r}, '\\n')\n"]
             try:
                 self._nested = True
                 source = self.shell.transform_cell(call.cell)
@@ -359,9 +370,14 @@ class AwaitTransform:
             self.shell.events.unregister("post_execute", self.forget)
 
 
-def await_transform(shell: InteractiveShell, magic_name: str) -> AwaitTransform:
-    """The input transformer that makes a `%%magic_name` cell with an async body awaitable."""
-    return AwaitTransform(shell, magic_name)
+def await_transform(
+    shell: InteractiveShell,
+    magic_name: str,
+    answers_alone: Callable[[str], bool] = lambda line: False,
+) -> AwaitTransform:
+    """The input transformer that makes a `%%magic_name` cell with an async body awaitable
+    (and one without a body runnable where its line ``answers_alone``)."""
+    return AwaitTransform(shell, magic_name, answers_alone)
 
 
 def forget(shell: InteractiveShell) -> None:

@@ -338,7 +338,7 @@ def load(shell: InteractiveShell) -> None:
     magics = GpuMemMagics(shell)
     shell.register_magics(magics)
     _MAGICS[id(shell)] = magics
-    _TRANSFORMS[id(shell)] = cell_run.await_transform(shell, "gpumem")
+    _TRANSFORMS[id(shell)] = cell_run.await_transform(shell, "gpumem", answers_alone=asks_help)
     shell.input_transformers_post.append(_TRANSFORMS[id(shell)])
     GUARD.install()
     COUNTERS.install()

@@ -29,6 +29,21 @@ def test_help_prints_the_usage_and_does_not_run_the_body(
     assert logbook.reports() == []
 
 
+@pytest.mark.parametrize("cell", ["%%gpumem --help", "%%gpumem -h\n", "%%gpumem --quiet -h"])
+def test_help_in_a_cell_of_its_own_is_shown(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cell: str
+) -> None:
+    result = shell.run_cell(cell)  # IPython refuses an empty body before the magic is called
+    assert result.success and capsys.readouterr().out == HELP + "\n"
+    assert logbook.reports() == []
+
+
+def test_an_empty_body_without_help_is_still_refused(shell: InteractiveShell) -> None:
+    result = shell.run_cell("%%gpumem --quiet")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "the cell body is empty" in str(result.error_in_exec)
+
+
 def test_help_of_a_body_that_awaits_is_shown_too(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
