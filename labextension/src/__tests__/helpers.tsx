@@ -32,3 +32,15 @@ export function click(element: Element): void {
     (element as HTMLElement).click();
   });
 }
+
+/**
+ * The headings of ``table`` aligned otherwise than their column's figures (its first body
+ * row): a left heading over right-aligned figures reads as the next column's.
+ */
+export function misaligned(table: Element): string[] {
+  const numeric = (e: Element | undefined) => !!e?.classList.contains('jp-GpuMem-num');
+  const cells = Array.from(table.querySelectorAll('tbody tr:first-child td'));
+  return Array.from(table.querySelectorAll('thead th'))
+    .filter((th, i) => numeric(th) !== numeric(cells[i]))
+    .map(th => th.textContent ?? '');
+}

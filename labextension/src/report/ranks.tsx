@@ -70,10 +70,10 @@ export function RankTable(props: {
       <thead>
         <tr>
           <th>Rank</th>
-          <th>PID</th>
+          <th className="jp-GpuMem-num">PID</th>
           <th>Device</th>
           <th style={{ width: '35%' }}>Peak allocated</th>
-          <th>Peak reserved</th>
+          <th className="jp-GpuMem-num">Peak reserved</th>
           <th>Peak at</th>
         </tr>
       </thead>

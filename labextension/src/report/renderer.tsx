@@ -95,10 +95,11 @@ function DeviceRows(props: { devices: IReportDevice[]; units: Units }): JSX.Elem
       <thead>
         <tr>
           <th>Device</th>
-          <th>Peak allocated</th>
-          {cached && <th>Peak reserved</th>}
-          {cached && <th>Cache</th>}
-          <th>Δ allocated</th>
+          {/* Figures stand right-aligned, so do their headings: each over its own column. */}
+          <th className="jp-GpuMem-num">Peak allocated</th>
+          {cached && <th className="jp-GpuMem-num">Peak reserved</th>}
+          {cached && <th className="jp-GpuMem-num">Cache</th>}
+          <th className="jp-GpuMem-num">Δ allocated</th>
           <th>Peak at</th>
         </tr>
       </thead>
@@ -198,6 +199,19 @@ export function mainDevice(report: IReport): IReportDevice | null {
   return named ?? report.devices[0] ?? null;
 }
 
+/**
+ * The header's badge: the cell's status, unless the cell ran but its peak exceeded the
+ * budget, which the badge then says (never a green "ok" beside an exceeded budget).
+ */
+export function statusBadge(report: IReport): { text: string; bad: boolean } {
+  if (report.status !== 'ok') {
+    return { text: report.status, bad: true };
+  }
+  return report.over_budget === true
+    ? { text: 'over budget', bad: true }
+    : { text: 'ok', bad: false };
+}
+
 /** The budget warning in the user's units, when the kernel said the peak exceeds it. */
 export function budgetWarning(
   report: IReport,
@@ -234,6 +248,7 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
   const { report, units } = props;
   const main = mainDevice(report);
   const overBudget = report.over_budget === true;
+  const badge = statusBadge(report);
   const warnings = [
     ...budgetWarning(report, main, units),
     ...report.warnings,
@@ -245,9 +260,7 @@ export function ReportView(props: { report: IReport; units: Units }): JSX.Elemen
         <span className="jp-GpuMem-reportTitle">
           %%gpumem{report.name ? ` ${report.name}` : ''}
         </span>
-        <span className={`jp-GpuMem-status jp-mod-${report.status === 'ok' ? 'ok' : 'bad'}`}>
-          {report.status}
-        </span>
+        <span className={`jp-GpuMem-status jp-mod-${badge.bad ? 'bad' : 'ok'}`}>{badge.text}</span>
         {report.wall_s !== null && (
           <span className="jp-GpuMem-reportMeta">{formatSeconds(report.wall_s)}</span>
         )}

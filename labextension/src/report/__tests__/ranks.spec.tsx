@@ -1,7 +1,7 @@
 import * as React from 'react';
 import { act } from 'react';
 
-import { click, fixture, HOSTILE, render } from '../../__tests__/helpers';
+import { click, fixture, HOSTILE, misaligned, render } from '../../__tests__/helpers';
 import { parseReport } from '../../wire';
 import { RankSection, worstRank } from '../ranks';
 import { ReportView } from '../renderer';
@@ -47,6 +47,13 @@ describe('ranks', () => {
     const fills = Array.from(host.querySelectorAll('.jp-GpuMem-rankRow .jp-GpuMem-gaugeFill'));
     expect(fills.map(f => (f as HTMLElement).style.width)).toEqual(['94.2%', '100.0%']);
     expect(host.textContent).toContain('2 worker processes; the worst is rank 1, peak 309 MiB');
+  });
+
+  it('puts each heading of the ranks table over its own figures', () => {
+    const host = render(
+      <RankSection report={parseReport(twoRanks())} units="GiB" renderRank={() => <div />} />
+    );
+    expect(misaligned(host.querySelector('.jp-GpuMem-rankTable')!)).toEqual([]);
   });
 
   it('shows the worst rank first, and another rank when selected or clicked', () => {

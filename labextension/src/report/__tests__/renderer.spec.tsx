@@ -1,6 +1,6 @@
 import * as React from 'react';
 
-import { fixture, HOSTILE, render } from '../../__tests__/helpers';
+import { fixture, HOSTILE, misaligned, render } from '../../__tests__/helpers';
 import { parseReport, REPORT_MIME_TYPE } from '../../wire';
 import {
   breakdownSegments,
@@ -8,7 +8,8 @@ import {
   mainDevice,
   rendererFactory,
   ReportView,
-  schemaWarning
+  schemaWarning,
+  statusBadge
 } from '../renderer';
 
 describe('ReportView', () => {
@@ -337,6 +338,22 @@ describe('main device and budget from the kernel', () => {
     expect(budgetWarning(report, mainDevice(report), 'GiB')).toEqual([]);
   });
 
+  it('shows a badge that agrees with the budget: never "ok" beside an exceeded budget', () => {
+    const over = parseReport(twoDevices);
+    expect(statusBadge(over)).toEqual({ text: 'over budget', bad: true });
+    const host = render(<ReportView report={over} units="GiB" />);
+    const badge = host.querySelector('.jp-GpuMem-reportHeader .jp-GpuMem-status')!;
+    expect(badge.textContent).toBe('over budget');
+    expect(badge.classList.contains('jp-mod-bad')).toBe(true);
+    expect(host.querySelector('.jp-GpuMem-metric.jp-mod-over')?.textContent).toContain(
+      '(exceeded)'
+    );
+    const within = parseReport({ ...twoDevices, over_budget: false });
+    expect(statusBadge(within)).toEqual({ text: 'ok', bad: false });
+    const failed = parseReport({ ...twoDevices, status: 'oom' });
+    expect(statusBadge(failed)).toEqual({ text: 'oom', bad: true }); // the failure comes first
+  });
+
   it('words the budget warning in the chosen units', () => {
     const report = parseReport(twoDevices);
     expect(budgetWarning(report, mainDevice(report), 'GB')).toEqual([
@@ -345,6 +362,19 @@ describe('main device and budget from the kernel', () => {
     const host = render(<ReportView report={report} units="GiB" />);
     expect(host.textContent).toContain('peak 6 GiB on cuda:1 exceeds the budget of 5 GiB by 1 GiB');
     expect(host.textContent).toContain('(exceeded)');
+  });
+});
+
+describe('the device table', () => {
+  it('puts each heading over its own figures: right-aligned over right-aligned', () => {
+    for (const name of ['report.json', 'report_cpu_training_step.json']) {
+      const host = render(<ReportView report={parseReport(fixture(name))} units="GiB" />);
+      const table = host.querySelector('.jp-GpuMem-reportTable')!;
+      expect(table.querySelectorAll('thead th').length).toBe(
+        table.querySelectorAll('tbody tr:first-child td').length
+      );
+      expect(misaligned(table)).toEqual([]);
+    }
   });
 });
 
