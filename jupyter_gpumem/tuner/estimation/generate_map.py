@@ -25,6 +25,26 @@ __all__ = ["ContextSearch", "GenerateMap", "generate_map", "max_generate_context
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+# What each state's cells show (the mark) and what that means; the table's legend and text.
+MARKS = {
+    "fits": ("a size", "the estimated peak, which fits"),
+    "over": ("a size and x", "the estimated peak, which does not fit"),
+    "left_out": ("x alone", "does not fit, not estimated: a smaller batch or context does not"),
+    "unjudged": ("a size, plain", "the estimated peak, not judged: no verdict for the card"),
+    "unrun": ("-", "not estimated"),
+    "unknown": ("n/a", "no estimate (hover over the cell for why)"),
+}
+# The theme's success and error colours, as the map's chart draws them (widgets.generate_chart).
+STATE_STYLES = {
+    "fits": "color:var(--jp-success-color1,#388e3c)",
+    "over": "color:var(--jp-error-color1,#d32f2f)",
+    "left_out": "color:var(--jp-error-color1,#d32f2f);opacity:.6",
+}
+_CLASSES = {  # a cell left out does not fit either
+    "fits": "gpumem-map-fits",
+    "over": "gpumem-map-over",
+    "left_out": "gpumem-map-over gpumem-map-left-out",
+}
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,20 @@ class GenerateMap:
             f"context, {against} (took {format_seconds(self.wall_s)})"
         )
 
+    def _state(self, i: int, j: int) -> str:
+        """A cell's state, a key of MARKS."""
+        est, fits = self.estimates[i][j], self.fits(i, j)
+        if est is None:
+            return "left_out" if fits is False else "unrun"
+        if est.peak_bytes is None:
+            return "unknown"
+        return "unjudged" if fits is None else "fits" if fits else "over"
+
+    def _legend(self) -> list[tuple[str, str, str]]:
+        """(state, mark, meaning) of each state the map has, in MARKS' order."""
+        states = {self._state(i, j) for i in range(len(self.batch_sizes)) for j in range(len(self.contexts))}  # fmt: skip
+        return [(state, *MARKS[state]) for state in MARKS if state in states]
+
     def _cell(self, i: int, j: int) -> str:
         est = self.estimates[i][j]
         if est is None:
@@ -118,11 +152,7 @@ class GenerateMap:
 
     def text(self) -> str:
         width = max(10, *(len(self._cell(i, j)) + 2 for i in range(len(self.batch_sizes)) for j in range(len(self.contexts))))  # fmt: skip
-        lines = [
-            self._limit_line(),
-            "x: does not fit (alone: left out, as a smaller one does not)",
-            "",
-        ]
+        lines = [self._limit_line(), *(f"{mark}: {means}" for _, mark, means in self._legend()), ""]
         lines.append("batch \\ context" + "".join(f"{c:>{width}}" for c in self.contexts))
         for i, b in enumerate(self.batch_sizes):
             cells = "".join(f"{self._cell(i, j):>{width}}" for j in range(len(self.contexts)))
@@ -139,24 +169,34 @@ class GenerateMap:
         return GenerateChart(self).widget
 
     def _repr_html_(self) -> str:
+        """The table, each cell in the colour of its state, beside a legend of the marks."""
         head = "".join(f"<th>{c}</th>" for c in self.contexts)
         rows = []
         for i, b in enumerate(self.batch_sizes):
             cells = []
             for j in range(len(self.contexts)):
-                fits = self.fits(i, j)
-                state = "unknown" if fits is None else ("fits" if fits else "over")
+                state = self._state(i, j)
                 why = self.estimates[i][j]
                 title = (
                     ""
                     if why is None or why.reason is None
                     else f' title="{html.escape(why.reason)}"'
                 )
-                cells.append(f'<td class="gpumem-map-{state}"{title}>{html.escape(self._cell(i, j))}</td>')  # fmt: skip
+                style = f' style="{STATE_STYLES[state]}"' if state in STATE_STYLES else ""
+                css = _CLASSES.get(state, "gpumem-map-unknown")
+                cells.append(f'<td class="{css}"{style}{title}>{html.escape(self._cell(i, j))}</td>')  # fmt: skip
             rows.append(f"<tr><th>{b}</th>{''.join(cells)}</tr>")
+        legend = "".join(
+            f'<li><span style="{STATE_STYLES.get(state, "font-weight:600")}">'
+            f"{html.escape(mark)}</span>: {html.escape(means)}</li>"
+            for state, mark, means in self._legend()
+        )
         return (
             f'<div class="gpumem-map"><p>{html.escape(self._limit_line())}</p>'
-            f"<table><tr><th>batch \\ context</th>{head}</tr>{''.join(rows)}</table></div>"
+            '<div style="display:flex;flex-wrap:wrap;align-items:flex-start;gap:0 1.5em">'
+            f"<table><tr><th>batch \\ context</th>{head}</tr>{''.join(rows)}</table>"
+            f'<ul class="gpumem-map-legend" style="margin:0;padding-left:1.2em">{legend}</ul>'
+            "</div></div>"
         )
 
 
