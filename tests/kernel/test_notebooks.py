@@ -46,6 +46,30 @@ def test_notebook_executes_and_reports(
     page, _ = HTMLExporter().from_notebook_node(executed)
     expected = sum(len(_main_timeline(r)) > 1 for r in reports)
     assert expected and page.count('class="jp-gpumem-timeline"') == expected
+    stderr = "".join(
+        "".join(o.get("text", ""))
+        for c in executed.cells
+        for o in c.get("outputs", [])
+        if o.get("name") == "stderr"
+    )
+    assert "loss_type" not in stderr, stderr  # transformers' warning of an unnamed loss
+    if name == "will_it_run.ipynb":
+        _says_the_kv_cache_at_the_prefill_peak(executed)
+
+
+def _says_the_kv_cache_at_the_prefill_peak(executed: Any) -> None:
+    """The notebook promises the estimate's KV cache on its own line: at a prefill peak,
+    the line of what the prompt's tokens hold."""
+    shown = [
+        str(o["data"]["text/plain"])
+        for c in executed.cells
+        for o in c.get("outputs", [])
+        if "gpumem estimate: generate: 8 x 1024 tokens" in str(o.get("data", {}).get("text/plain"))
+    ]
+    assert shown, "no estimate of 8 x 1024 tokens shown"
+    lines = shown[0].splitlines()
+    below = lines[lines.index("at the peak (prefill):") + 1 :]
+    assert any(line.strip().startswith("kv cache ") for line in below), shown[0]
 
 
 def _main_timeline(report: dict[str, Any]) -> list[float]:
