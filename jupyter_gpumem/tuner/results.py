@@ -1,4 +1,8 @@
-"""A measured configuration as plain numbers (:class:`TrialResult`), read from its report."""
+"""A measured configuration as plain numbers (:class:`TrialResult`), read from its report.
+
+Its step time is the median of its timed steps; how far those spread tells whether a change
+against another configuration stands out of the noise (:mod:`jupyter_gpumem.tuner.step_change`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from jupyter_gpumem.report import text
 from jupyter_gpumem.report.record import Report
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tuner.estimation.estimate import Estimate
+from jupyter_gpumem.tuner.step_change import StepChange, spread, step_change
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,15 @@ class TrialResult:
     own_peak_bytes: int | None = None
     # one result per rank for a parallel configuration; the fields above are the worst rank's
     ranks: tuple[TrialResult, ...] = field(default=(), compare=False, repr=False)
+    # the slowest less the fastest of the steps ``step_s`` is the median of; None for one step
+    step_spread_s: float | None = None
+
+    def step_change(self, baseline: TrialResult | None) -> StepChange | None:
+        """This step time against ``baseline``'s, read against the wider of their spreads;
+        None where either step time is unknown."""
+        if baseline is None:
+            return None
+        return step_change(self.step_s, baseline.step_s, self.step_spread_s, baseline.step_spread_s)
 
     @property
     def vs_estimate(self) -> str | None:
@@ -54,9 +68,11 @@ class TrialResult:
     def to_row(
         self, baseline: TrialResult | None = None, budget_bytes: int | None = None
     ) -> dict[str, Any]:
-        """A table row of plain numbers; deltas against ``baseline`` (None where unknown)."""
+        """A table row of plain numbers; deltas against ``baseline`` (None where unknown), and
+        whether the step-time change is within noise (None where unknown)."""
         peak, step = self.peak_allocated_bytes, self.step_s
         base_peak = baseline.peak_allocated_bytes if baseline else None
+        change = self.step_change(baseline)
         ok = self.status == "ok"
         fits = None if budget_bytes is None or peak is None else ok and peak <= budget_bytes
         return {
@@ -66,7 +82,8 @@ class TrialResult:
             "step_ms": None if step is None else step * 1000,
             "delta_peak_bytes": None if peak is None or base_peak is None else peak - base_peak,
             "delta_peak_pct": _pct(peak, base_peak),
-            "delta_step_pct": _pct(step, baseline.step_s if baseline else None),
+            "delta_step_pct": None if change is None else change.pct,
+            "step_within_noise": None if change is None else change.within_noise,
             "fits_budget": fits,
         }
 
@@ -97,6 +114,7 @@ def result_of(
         breakdown=dict(main.breakdown) if main and main.breakdown is not None else None,
         step_s=statistics.median(times) if times else None,
         step_s_all=tuple(times),
+        step_spread_s=spread(times),
         warnings=(*notes, *(text.warnings(report) if report else ())),
         report=report,
     )

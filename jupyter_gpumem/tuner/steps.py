@@ -40,10 +40,12 @@ def measure_config(workload: Workload, config: Config) -> TrialResult:
 
 
 class Timing(NamedTuple):
-    """A configuration's step time, untracked; None with the reason where a step failed."""
+    """A configuration's step time, untracked: the median of ``times``; None with the reason
+    where a step failed."""
 
     step_s: float | None
     error: str | None = None
+    times: tuple[float, ...] = ()  # each timed step's seconds
 
 
 def time_config(workload: Workload, config: Config, steps: int) -> Timing:
@@ -56,7 +58,10 @@ def time_config(workload: Workload, config: Config, steps: int) -> Timing:
         times, error = _untracked_times(workload, applied, 1 + steps)
     finally:
         applied.revert()
-    return Timing(None, error) if error is not None else Timing(statistics.median(times[1:]))
+    if error is not None:
+        return Timing(None, error)
+    timed = tuple(times[1:])
+    return Timing(statistics.median(timed), None, timed)
 
 
 def measure_steps(

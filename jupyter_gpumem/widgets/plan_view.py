@@ -2,7 +2,9 @@
 
 The first line says what the fit chose and what it kept (``Fit to budget chose: checkpoint
 h.0-h.3 (4 of 12 blocks), bf16-autocast; optimizer kept (adamw)``). A plan made with a trial
-then sets its prediction beside its measurement. Step times get a caveat where they need one:
+then sets its prediction beside its measurement, the step-time changes against the model as it
+is written as the reasoning writes them (:func:`jupyter_gpumem.tuner.step_change.figure`:
+"within noise" where the timings spread as far). Step times get a caveat where they need one:
 where the measurement is far from the prediction, and always on the CPU, whose tracker records
 every allocation inside the timed steps. All text is escaped.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 from jupyter_gpumem.techniques import Config
 from jupyter_gpumem.tuner.planning.reasoning import FAR_OFF
+from jupyter_gpumem.tuner.step_change import figure
 from jupyter_gpumem.units import format_bytes
 from jupyter_gpumem.widgets.chart_labels import short_names
 
@@ -115,6 +118,10 @@ def plan_html(
     def fits(value: bool | None) -> str:
         return "" if value is None else "yes" if value else "no"
 
+    def change(key: str) -> str:
+        pct = plan.get(f"{key}_step_pct")
+        return "" if pct is None else figure(pct, bool(plan.get(f"{key}_step_within_noise")))
+
     caveats = step_caveats(
         plan.get("predicted_step_s"), plan.get("measured_step_s") if measured else None
     )
@@ -126,6 +133,9 @@ def plan_html(
          _ms(plan.get("measured_step_s")) if measured else ""),
         (f"fits {format_bytes(budget)}", fits(plan.get("fits")), fits(plan.get("measured_fits"))),
     ]  # fmt: skip
+    changes = (change("predicted"), change("measured") if measured else "")
+    if any(changes):  # beside the step times
+        rows.insert(2, ("step against as it is", *changes))
     cell = "padding:0 .7em;text-align:right;white-space:nowrap"
     head = (
         f'<th style="{cell}"></th><th style="{cell}">predicted</th><th style="{cell}">measured</th>'

@@ -4,8 +4,11 @@ One filled point per candidate on the search's Pareto front (its composed figure
 line at the memory that must be saved to fit the budget, the winner marked where its own
 estimate puts it and, once ``Search.verify()`` ran, the measured winner outlined. Both axes are
 against the baseline, the search's ``Config()`` candidate: its composed peak and its measured
-step. Where step times are unknown (a model on the meta device), points stand at their number
-of changes from the baseline, and the title says so.
+step. Each step-time cost is the search's own :class:`~jupyter_gpumem.tuner.step_change.StepChange`
+(``front_changes``, ``predicted_change``, ``measured_change``), so the chart, its tooltip and
+the legend give the figure the reasoning gives; a cost within noise stands at 0, its name
+saying so. Where step times are unknown (a model on the meta device), points stand at their
+number of changes from the baseline, and the title says so.
 
 `search_marks` is a pure function of the search, tested without a browser; `SearchChart` draws
 it with bqplot over an HTML legend. Colours follow JupyterLab's theme where the theme has one
@@ -24,6 +27,7 @@ import ipywidgets as widgets
 from bqplot import Axis, Figure, LinearScale, Lines, Scatter, Tooltip
 
 from jupyter_gpumem.techniques import Config
+from jupyter_gpumem.tuner.step_change import WITHIN_NOISE, StepChange
 from jupyter_gpumem.units import format_bytes, format_seconds
 from jupyter_gpumem.widgets.chart_labels import chart_label, cut
 from jupyter_gpumem.widgets.tuner_charts import TITLE_STYLE, padded_range
@@ -77,8 +81,8 @@ def point_label(config: Config, blocks: Sequence[str] = ()) -> str:
 
 @dataclass(frozen=True)
 class SearchPoint:
-    """One candidate where the chart puts it: x is its step-time cost in % (or its number of
-    changes), y the memory it saves in %, both against the baseline."""
+    """One candidate where the chart puts it: x is its step-time cost in % (0 within noise;
+    or its number of changes), y the memory it saves in %, both against the baseline."""
 
     config: Config
     label: str
@@ -86,6 +90,7 @@ class SearchPoint:
     y: float
     peak_bytes: int
     step_s: float | None
+    change: StepChange | None = None  # the search's, which x draws
 
 
 @dataclass(frozen=True)
@@ -130,24 +135,31 @@ def search_marks(found: Search, blocks: Sequence[str] = ()) -> SearchMarks:
             None, found.budget_bytes, None, base_step, found.candidates,
         )  # fmt: skip
 
-    def at(config: Config, peak: int, step: float | None) -> SearchPoint:
-        if by_changes or step is None or base_step is None:
+    def at(config: Config, peak: int, step: float | None, change: StepChange | None) -> SearchPoint:
+        label = point_label(config, blocks)
+        if by_changes or change is None:
             x = float(changes(config))
         else:
-            x = _pct(step - base_step, base_step)
+            x = 0.0 if change.within_noise else change.pct
+            label += f" (step time {WITHIN_NOISE})" if change.within_noise else ""
         y = _pct(base_peak - peak, base_peak)
-        return SearchPoint(config, point_label(config, blocks), x, y, peak, step)
+        return SearchPoint(config, label, x, y, peak, step, change)
 
-    front = tuple(at(c, peak, step) for c, peak, step in found.front)
+    known = found.front_changes or (None,) * len(found.front)
+    front = tuple(
+        at(c, peak, step, change)
+        for (c, peak, step), change in zip(found.front, known, strict=True)
+    )
     winner = measured = None
     estimated = found.estimate.peak_bytes if found.estimate is not None else None
     if found.config is not None and estimated is not None:
-        winner = at(found.config, estimated, found.predicted_step_s)
+        winner = at(found.config, estimated, found.predicted_step_s, found.predicted_change)
         result = found.result
         if result is not None and result.status == "ok" and result.peak_allocated_bytes:
             step = result.step_s
-            measured = at(found.config, result.peak_allocated_bytes, step)
-            if step is None:  # no time measured: beside the estimate
+            change = found.measured_change
+            measured = at(found.config, result.peak_allocated_bytes, step, change)
+            if step is None or change is None:  # no time measured: beside the estimate
                 measured = replace(measured, x=winner.x)
     return SearchMarks(
         title, by_changes, front, winner, measured,
@@ -165,10 +177,10 @@ def _swatch(style: str, text: str) -> str:
 
 
 def _cost(point: SearchPoint, by_changes: bool) -> str:
-    if by_changes:
+    if by_changes or point.change is None:
         return f"{point.x:.0f} change" + ("" if point.x == 1 else "s")
     step = "" if point.step_s is None else f" ({format_seconds(point.step_s)})"
-    return f"{round(point.x) or 0:+d}% step time{step}"  # no "-0%"
+    return f"step time {point.change.figure}{step}"
 
 
 def legend_html(marks: SearchMarks) -> str:
@@ -198,7 +210,7 @@ def legend_html(marks: SearchMarks) -> str:
         if marks.measured is not None:
             m = marks.measured
             said += f"; measured {format_bytes(m.peak_bytes)} (saves {m.y:.0f}%)"
-            said += "" if marks.by_changes else f", {_cost(m, False)}"
+            said += "" if marks.by_changes or m.change is None else f", {_cost(m, False)}"
         lines.append(f'<div class="jp-gpumem-search-winner">{html.escape(said)}.</div>')
     elif marks.front:
         lines.append(
@@ -209,16 +221,10 @@ def legend_html(marks: SearchMarks) -> str:
 
 def reasoning_html(found: Search, *, unmeasured: str = "") -> str:
     """The search's reasoning, its first line (what it keeps of the training math) in bold, then
-    the winner's measurement (or ``unmeasured``: why there is none) and what to do next."""
-    lines = list(found.reasoning)
-    result = found.result
-    if result is not None and result.status == "ok" and result.peak_allocated_bytes is not None:
-        peak = result.peak_allocated_bytes
-        where = "within" if peak <= found.budget_bytes else "over"
-        lines.append(f"Verified by a measured run: {format_bytes(peak)}, {where} the budget.")
-    elif result is not None:
-        lines.append(f"The winner's measured run: {result.status}: {result.error or 'no peak'}.")
-    elif found.config is not None and unmeasured:
+    the winner's measurement (or ``unmeasured``: why there is none) and what to do next: the
+    lines of ``found.text()``, and those."""
+    lines = [*found.reasoning, *found.verified_lines()]
+    if found.result is None and found.config is not None and unmeasured:
         lines.append(unmeasured)
     if found.config is not None:
         lines.append("The panel now shows the winner: press Apply to use it.")

@@ -480,11 +480,13 @@ class Tuner(widgets.VBox):
             with self._trial_scope():
                 found = search(trial, self.budget_bytes, allow=allow, progress=self._progress)
                 if found.config is not None and weights:
-                    self.panel.status.value = f"verifying {found.config}"
-                    found.verify()
-                    if self.baseline is None:  # the table's deltas need one
+                    base = self.baseline
+                    if base is None:  # the table's deltas need one
                         self.panel.status.value = "measuring the baseline for the table"
-                        added.append(trial.run(Config()))
+                        base = trial.run(Config())
+                        added.append(base)
+                    self.panel.status.value = f"verifying {found.config}"
+                    found.verify(baseline=base)  # its change is the table's
         finally:
             self._busy = False
         if found.result is not None:
@@ -529,8 +531,10 @@ class Tuner(widgets.VBox):
                 )
         finally:
             self._busy = False
-        if self.baseline is None and plan.baseline is not None:
-            self.results.append(plan.baseline)
+        base, shown = plan.baseline, self.baseline
+        if base is not None and (shown is None or shown.step_s_all != base.step_s_all):
+            # the plan's changes are against its baseline: the table's are too, from now on
+            self.results.append(base if shown is None else replace(base, label="plan · baseline"))
         if plan.result is not None:
             self.results.append(replace(plan.result, label=f"plan · {plan.result.label}"))
         self.plan = plan

@@ -4,9 +4,12 @@ The form is `jupyter_gpumem.widgets.tuner_panel`, what "Fit to budget" chose
 `jupyter_gpumem.widgets.plan_view`, the per-rank chart of "Will it fit on N GPUs?"
 `jupyter_gpumem.widgets.rank_chart`; `jupyter_gpumem.widgets.tuner.Tuner` wires them. A row is
 the plain dict that `Tuner.rows` returns: bytes as ints, times in ms, percentages as floats,
-``None`` where a number is unknown, and ``chart_label``, the configuration's short name for the
-charts (`jupyter_gpumem.widgets.chart_labels`; the table keeps the full one). Units are spelled
-through `jupyter_gpumem.units`; every piece of text that reaches HTML is escaped.
+``None`` where a number is unknown, ``step_within_noise`` where the step-time change is (the
+table then says "within noise", as every rendering of a change does, and the chart draws it
+at 0: :mod:`jupyter_gpumem.tuner.step_change`), and ``chart_label``, the configuration's short
+name for the charts (`jupyter_gpumem.widgets.chart_labels`; the table keeps the full one).
+Units are spelled through `jupyter_gpumem.units`; every piece of text that reaches HTML is
+escaped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import ipywidgets as widgets
 from bqplot import Axis, Bars, Figure, LinearScale, Lines, OrdinalScale, Scatter
 
+from jupyter_gpumem.tuner.step_change import WITHIN_NOISE, figure
 from jupyter_gpumem.units import format_bytes
 from jupyter_gpumem.widgets.chart_labels import cut, numbered
 from jupyter_gpumem.widgets.rank_chart import COLORS
@@ -109,6 +113,16 @@ def breakdown_summary(breakdown: Mapping[str, int] | None, top: int = 3) -> str:
     return ", ".join(f"{_category_label(k)} {format_bytes(n)}" for n, k in largest)
 
 
+def _step_change(row: Row) -> str:
+    pct = row.get("delta_step_pct")
+    return "" if pct is None else figure(pct, bool(row.get("step_within_noise")))
+
+
+def _step_cost(row: Row) -> float:
+    """Where a row stands on the step-time axis: its change in %, or 0 within noise."""
+    return 0.0 if row.get("step_within_noise") else float(row["delta_step_pct"])
+
+
 def _fits(row: Row) -> str:
     fits = row.get("fits_budget")
     return "" if fits is None else "yes" if fits else "no"
@@ -134,7 +148,7 @@ def _cells(row: Row) -> list[str]:
         _breakdown_cell(row.get("breakdown")),
         _ms(row.get("step_ms")),
         delta_peak.strip(),
-        _pct(row.get("delta_step_pct")),
+        _step_change(row),
         _fits(row),
         "; ".join(notes),
     ]
@@ -403,7 +417,7 @@ class TradeoffChart:
         ]
         saved = [-int(r["delta_peak_bytes"]) for r in shown]
         unit, scale = _unit(max((abs(s) for s in saved), default=0))
-        xs = [float(r["delta_step_pct"]) for r in shown]
+        xs = [_step_cost(r) for r in shown]
         ys = [s / scale for s in saved]
         names = chart_labels(shown)
         longest = max((len(n) for n in names), default=0)
@@ -415,6 +429,10 @@ class TradeoffChart:
         self.x.min, self.x.max = padded_range(xs, low=0.08, high=0.1 + 0.015 * longest)
         self.y.min, self.y.max = padded_range(ys, low=0.1, high=0.15)
         self.y_axis.label = f"memory saved ({unit})"
+        noise = sum(bool(r.get("step_within_noise")) for r in shown)
+        self.figure.title = "memory saved vs step-time cost" + (
+            f" ({noise} {WITHIN_NOISE}, at 0)" if noise else ""
+        )
 
 
 GPUS_BUTTON = "Will it fit on N GPUs?"

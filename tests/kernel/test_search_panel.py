@@ -3,6 +3,7 @@ budget line, winner, measured winner), and the panel's Search button, Apply and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,6 +74,11 @@ def _xy(mark: Any) -> list[tuple[float, float]]:
     return [(float(x), float(y)) for x, y in zip(mark.x, mark.y, strict=True)]
 
 
+def _figures(text: str) -> list[str]:
+    """The step-time figures in ``text``, as every rendering writes them."""
+    return re.findall(r"[+-]\d+%|within noise", text)
+
+
 def _flat(pairs: list[tuple[float, float]]) -> list[float]:
     """Pairs as one list, which ``pytest.approx`` compares."""
     return [v for pair in pairs for v in pair]
@@ -91,15 +97,24 @@ def test_the_chart_draws_the_front_the_budget_and_the_winner_then_its_measuremen
     assert marks.title.startswith("memory saved vs step-time cost: ")
     assert f"{len(found.front)} of {found.candidates} candidates" in marks.title
 
-    # One filled point per candidate on the front, at its cost and saving against the baseline.
+    # One filled point per candidate on the front, at its cost and saving against the baseline;
+    # a cost within the noise of the timings it was composed from stands at 0, and says so.
+    costs = found.front_changes
+    assert len(costs) == len(found.front) >= 2
+    for change, (_, _, step) in zip(costs, found.front, strict=True):
+        assert change is not None and step is not None
+        assert change.pct == pytest.approx(100 * (step - base_step) / base_step)
     expected = [
-        (100 * (step - base_step) / base_step, 100 * (base_peak - peak) / base_peak)
-        for _, peak, step in found.front
-        if step is not None
+        (0.0 if change.within_noise else change.pct, 100 * (base_peak - peak) / base_peak)
+        for change, (_, peak, _) in zip(costs, found.front, strict=True)
+        if change is not None
     ]
-    assert len(expected) == len(found.front) >= 2
     assert _flat(_xy(chart.points)) == pytest.approx(_flat(expected))
-    assert list(chart.points.names) == [point_label(c, BLOCKS) for c, _, _ in found.front]
+    assert list(chart.points.names) == [
+        point_label(c, BLOCKS) + (" (step time within noise)" if change.within_noise else "")
+        for change, (c, _, _) in zip(costs, found.front, strict=True)
+        if change is not None
+    ]
     assert chart.points.fill is not False and chart.points.colors == [COLORS["candidate"]]
 
     # The budget line: the share of the baseline's peak that must go, across the whole plot.
@@ -109,9 +124,11 @@ def test_the_chart_draws_the_front_the_budget_and_the_winner_then_its_measuremen
     assert marks.budget_saved_pct == pytest.approx(must_save)
 
     # The winner: a diamond at its own estimate, named; above the budget line.
-    assert found.predicted_step_s is not None
+    predicted = found.predicted_change
+    assert found.predicted_step_s is not None and predicted is not None
+    assert predicted.pct == pytest.approx(100 * (found.predicted_step_s - base_step) / base_step)
     winner = (
-        100 * (found.predicted_step_s - base_step) / base_step,
+        0.0 if predicted.within_noise else predicted.pct,
         100 * (base_peak - (found.estimate.peak_bytes or 0)) / base_peak,
     )
     assert _flat(_xy(chart.winner)) == pytest.approx(list(winner))
@@ -126,8 +143,11 @@ def test_the_chart_draws_the_front_the_budget_and_the_winner_then_its_measuremen
     assert result.status == "ok" and result.peak_allocated_bytes is not None
     assert result.step_s is not None
     marks = chart.update(found, BLOCKS)
+    change = found.measured_change  # against the baseline's timed steps in the search
+    assert change is not None
+    assert change.pct == pytest.approx(100 * (result.step_s - base_step) / base_step)
     measured = (
-        100 * (result.step_s - base_step) / base_step,
+        0.0 if change.within_noise else change.pct,
         100 * (base_peak - result.peak_allocated_bytes) / base_peak,
     )
     assert _flat(_xy(chart.measured)) == pytest.approx(list(measured))
@@ -202,6 +222,21 @@ def test_search_button_shows_the_front_and_apply_applies_exactly_the_winner(
     assert found.result is not None
     assert rows[-1]["peak_bytes"] == found.result.peak_allocated_bytes
     assert rows[-1]["fits_budget"] is True
+    # Each step-time change has one figure: the prediction in the reasoning and the legend,
+    # the measurement (against the table's baseline) there and in the table's row.
+    predicted, measured = found.predicted_change, found.measured_change
+    assert predicted is not None and measured is not None
+    assert rows[-1]["step_within_noise"] == measured.within_noise
+    assert rows[-1]["delta_step_pct"] == pytest.approx(measured.pct)
+    assert measured == found.result.step_change(tuner.baseline)
+    winner_line = next(line for line in found.reasoning if line.startswith("Winner: "))
+    assert _figures(winner_line) == [predicted.figure]
+    assert _figures(found.text().splitlines()[-1]) == [measured.figure]  # "Verified by ..."
+    assert _figures(tuner.panel.search_text.value.split("Verified by")[1]) == [measured.figure]
+    legend = tuner.panel.search_chart.legend.value.split("Winner: ")[1]
+    assert _figures(legend) == [predicted.figure, measured.figure]
+    table = tuner.text().split("\nsearch · ")[-1]
+    assert _figures(table)[1] == measured.figure  # after the peak's change
 
     model, original = trial.model, shell.user_ns["opt"]
     weights = [p.detach().clone() for p in model.parameters()]

@@ -257,10 +257,11 @@ def test_step_time_runs_untracked_steps_and_restores_bit_for_bit(
     trial = Trial(model, x, loss_fn, optimizer=opt, warmup=3, steps=5)
     timing = trial.step_time(Config(accumulate=2), steps=3)
     assert timing.error is None and timing.step_s is not None and timing.step_s > 0
+    assert len(timing.times) == 3 and timing.step_s == sorted(timing.times)[1]  # the median
     assert len(calls) == 2 * (1 + 3)  # one warm-up step and three timed ones, two micro-batches
     _assert_same(before, _state(model, opt))
     failing = Trial(model, x, _raising(2, lambda: ValueError("bad batch")), optimizer=opt)
-    assert failing.step_time(Config()) == (None, "ValueError: bad batch")
+    assert failing.step_time(Config())[:2] == (None, "ValueError: bad batch")
     _assert_same(before, _state(model, opt))
     with pytest.raises(ValueError, match="at least 1"):
         trial.step_time(Config(), steps=0)
@@ -354,6 +355,7 @@ def test_to_row_has_plain_numbers_and_deltas() -> None:
         "delta_peak_bytes": -400,
         "delta_peak_pct": -40.0,
         "delta_step_pct": pytest.approx(25.0),
+        "step_within_noise": False,  # one step each: no spread to read it against
         "fits_budget": True,
     }
     assert base.to_row(base, budget_bytes=800)["fits_budget"] is False

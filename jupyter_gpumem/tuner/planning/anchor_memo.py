@@ -27,6 +27,7 @@ class Kept:
     step_s: float | None = None
     error: str | None = None
     primed: bool = False  # an anchor's estimate (see fake_step.run_fake), not a candidate's own
+    spread_s: float | None = None  # how far its timed steps spread
 
 
 @dataclass

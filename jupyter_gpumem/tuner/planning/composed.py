@@ -15,7 +15,8 @@ as:
   ``(1 - 1/a) / (1 - 1/A)`` of the way: activations go with the micro-batch);
 - step time: the baseline's, times each technique's measured factor, scaled the same ways; the
   optimizer's change in seconds added (its step costs the same whatever the compute's
-  precision, checkpointing or micro-batches);
+  precision, checkpointing or micro-batches); its noise, the widest spread of the timed steps
+  of the anchors it was composed from;
 - with LoRA (where allowed): its own anchor's static part in place of the base's, its dynamic
   part's share kept;
 - with activations offloaded (to the blocks' or the whole forward's extent): the dynamic bytes
@@ -37,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from jupyter_gpumem.tuner.step_change import widest
+
 STATIC = ("parameters", "gradients", "optimizer_state")
 
 
@@ -48,6 +51,7 @@ class Anchor:
     static_bytes: int  # parameters, gradients and optimizer state at the peak
     optimizer_bytes: int  # of which optimizer state
     step_s: float | None = None  # measured; None where nothing ran
+    spread_s: float | None = None  # how far its timed steps spread; None: fewer than two
 
     @property
     def dynamic_bytes(self) -> int:
@@ -55,10 +59,14 @@ class Anchor:
 
     @classmethod
     def of(
-        cls, peak_bytes: int, breakdown: Mapping[str, int], step_s: float | None = None
+        cls,
+        peak_bytes: int,
+        breakdown: Mapping[str, int],
+        step_s: float | None = None,
+        spread_s: float | None = None,
     ) -> Anchor:
         static = sum(breakdown.get(c, 0) for c in STATIC)
-        return cls(peak_bytes, static, breakdown.get("optimizer_state", 0), step_s)
+        return cls(peak_bytes, static, breakdown.get("optimizer_state", 0), step_s, spread_s)
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,19 @@ class Anchors:
             factor *= 1 + (most / own - 1) * self._micro_share(c.accumulate)
         return base * factor + optimizer + extra
 
+    def noise_s(self, c: Choice) -> float | None:
+        """The widest spread of the timed steps of the anchors ``step_s`` composes ``c`` from."""
+        used = [self.base, self.precision[c.precision], self.optimizer[c.optimizer]]
+        if c.lora is not None and self.lora is not None:
+            used.append(self.lora)
+        if c.offload is not None:
+            used.append(self.offload[c.offload])
+        if c.blocks:
+            used.append(self.all_blocks[c.precision])
+        if c.accumulate > 1:
+            used.append(self.most_micro[c.precision])
+        return widest(*(a.spread_s for a in used))
+
     def _offloaded_share(self, c: Choice) -> float:
         """What the choice saves for backward against the baseline: the share of the bytes
         offloading copies (micro-batches copy the whole batch's, a slice at a time)."""
@@ -200,10 +221,11 @@ class Point:
     choice: Choice
     peak_bytes: int
     step_s: float | None
+    noise_s: float | None = None  # see Anchors.noise_s
 
 
 def compose(anchors: Anchors, choices: Iterable[Choice]) -> list[Point]:
-    return [Point(c, anchors.peak(c), anchors.step_s(c)) for c in choices]
+    return [Point(c, anchors.peak(c), anchors.step_s(c), anchors.noise_s(c)) for c in choices]
 
 
 def family(c: Choice) -> tuple[object, ...]:
@@ -219,7 +241,7 @@ def corrected(points: Sequence[Point], wrong: Point, estimated_bytes: int) -> li
     error = estimated_bytes - wrong.peak_bytes
     mine = family(wrong.choice)
     return [
-        Point(p.choice, max(0, p.peak_bytes + error), p.step_s) if family(p.choice) == mine else p
+        replace(p, peak_bytes=max(0, p.peak_bytes + error)) if family(p.choice) == mine else p
         for p in points
     ]
 

@@ -17,6 +17,10 @@ How it chooses, and why the greedy ratio only explains:
    cheaper. Since the goal is "fits, at the least step-time cost" and every candidate was
    measured, the least step time decides; the reasoning says when the two differ.
 5. If none fits, nothing is chosen and the lowest measured peak is named.
+
+The chosen configuration's step-time change is written as the tuner's table writes it
+(:mod:`jupyter_gpumem.tuner.step_change`): "within noise" where the records' timed steps
+(``step_spread_s``, where they have it) spread as far as the change.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from jupyter_gpumem.tuner.step_change import step_change
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 EPSILON_S = 1e-6  # a step-time cost below a microsecond counts as free in the ratio
@@ -199,8 +204,16 @@ def _cost_words(r: Candidate, baseline: Candidate) -> str:
     if r is baseline or not _measured(baseline):
         return ""
     cost = _step(r) - _step(baseline)
-    pct = f", {100 * cost / _step(baseline):+.0f}%" if _step(baseline) > 0 else ""
-    return f" ({'+' if cost >= 0 else '-'}{_seconds(abs(cost))}{pct} against the baseline)"
+    change = step_change(
+        _step(r),
+        _step(baseline),
+        getattr(r, "step_spread_s", None),  # a TrialResult's; plain records may lack it
+        getattr(baseline, "step_spread_s", None),
+    )
+    seconds = f"{'+' if cost >= 0 else '-'}{_seconds(abs(cost))}"
+    if change is None:
+        return f" ({seconds} against the baseline)"
+    return f" ({seconds}, {change.against('the baseline')})"
 
 
 def _seconds(s: float) -> str:

@@ -12,12 +12,18 @@ anchor's estimate warms up by its optimizer step alone (the same allocated peak 
 the cost); a timed precision that another beats alone on bytes and time is not combined with
 checkpointing or micro-batches. A TF32 anchor takes the fp32 one's estimate (TF32 changes how
 matmuls round, not what they allocate), and fp16 autocast is left out (its loss scaling reads
-values that fake tensors do not have). Every combination's peak and step time
+values that fake tensors do not have). What cannot help on the trial's device is left out,
+and the reasoning says why once (:mod:`jupyter_gpumem.techniques.on_device`: TF32, paging and
+offloading act on a GPU only). Every combination's peak and step time
 is then composed from them (:mod:`.composed`), hundreds of candidates in microseconds each. The
 candidates that fit are taken cheapest first (least predicted step time; fewest changes where
 times are unknown) and each is estimated on its own until one fits (one that does not moves its
 family's composed peaks by its error, :func:`.composed.corrected`): that one is the winner,
-its figures the estimate's, never the composition's. ``verify()`` measures it. The anchors and
+its figures the estimate's, never the composition's. ``verify()`` measures it. The winner's
+step-time change against the baseline is made once for its prediction
+(``predicted_change``) and once for its measurement (``measured_change``), each "within
+noise" where the timings it comes from spread as far (:mod:`jupyter_gpumem.tuner.step_change`);
+the text, the HTML and the tuner's widgets all write those two. The anchors and
 confirmations are kept on the trial (:mod:`.anchor_memo`): its next search of the same workload
 makes none of them again.
 
@@ -50,6 +56,7 @@ from jupyter_gpumem.techniques import OFFLOADS, OPTIMIZERS, PARALLELS, PRECISION
 from jupyter_gpumem.techniques.accumulation import micro_batches
 from jupyter_gpumem.techniques.config import MAX_WORLD_SIZE
 from jupyter_gpumem.techniques.offloading import moves_from
+from jupyter_gpumem.techniques.on_device import Unhelpful, left_out_line, unhelpful, usable
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.pinning import release_cached
 from jupyter_gpumem.techniques.precision import precision_name
@@ -71,6 +78,7 @@ from jupyter_gpumem.tuner.planning.composed import (
 )
 from jupyter_gpumem.tuner.planning.plan import SAFETY, SAME_ALGORITHM, changes_of, math_line
 from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.step_change import StepChange, spread, step_change
 from jupyter_gpumem.tuner.workload import holds_no_weights
 from jupyter_gpumem.units import echoed_kind, format_bytes, format_seconds
 
@@ -117,6 +125,12 @@ class Search:
     result: TrialResult | None = field(default=None, repr=False)
     trial: Any = field(default=None, repr=False, compare=False)
     base: Anchor | None = field(default=None, repr=False)  # Config()'s figures, where estimated
+    # each front point's predicted step time against the baseline's timed one, in front order
+    front_changes: tuple[StepChange | None, ...] = field(default=(), repr=False)
+    # the winner's, likewise
+    predicted_change: StepChange | None = field(default=None, repr=False)
+    # the measured winner against the baseline, once verified
+    measured_change: StepChange | None = field(default=None, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -132,17 +146,42 @@ class Search:
         """The baseline's measured step time; None where nothing ran."""
         return None if self.base is None else self.base.step_s
 
-    def verify(self) -> TrialResult:
-        """Measure the winner with a real run; ``result`` keeps it."""
+    def verify(self, baseline: TrialResult | None = None) -> TrialResult:
+        """Measure the winner with a real run; ``result`` keeps it, and ``measured_change``
+        its step time against ``baseline``'s (a measured ``Config()``), else against the
+        baseline's timed steps in the search."""
         if self.config is None:
             raise ValueError("no candidate fits the budget: there is nothing to verify")
         if holds_no_weights(self.trial.workload.model):
             raise ValueError("the model holds no weights (meta device): load them to verify")
-        self.result = self.trial.run(self.config)
-        return self.result
+        self.result = result = self.trial.run(self.config)
+        if baseline is not None:
+            self.measured_change = result.step_change(baseline)
+        elif self.base is not None:
+            self.measured_change = step_change(
+                result.step_s, self.base.step_s, result.step_spread_s, self.base.spread_s
+            )
+        return result
+
+    def verified_lines(self) -> list[str]:
+        """What the winner's measured run found, once ``verify()`` ran."""
+        result = self.result
+        if result is None:
+            return []
+        if result.status != "ok" or result.peak_allocated_bytes is None:
+            return [f"The winner's measured run: {result.status}: {result.error or 'no peak'}."]
+        peak = result.peak_allocated_bytes
+        where = "within" if peak <= self.budget_bytes else "over"
+        step = ""
+        if result.step_s is not None:
+            change = self.measured_change
+            step = f"; {format_seconds(result.step_s)} a step" + (
+                "" if change is None else f", {change.against('the baseline')}"
+            )
+        return [f"Verified by a measured run: {format_bytes(peak)}, {where} the budget{step}."]
 
     def text(self) -> str:
-        return "\n".join(self.reasoning)
+        return "\n".join((*self.reasoning, *self.verified_lines()))
 
     def __repr__(self) -> str:
         return self.text()
@@ -212,21 +251,29 @@ def _search(
     )
     lines = [math_line(own, changes) + trained, f"Budget: {format_bytes(budget_bytes)}."]
     now = precision_name(model)
-    precisions: list[str | None] = [None] + [
-        p for p in PRECISIONS if p != now and (p != "bf16" or "pure-bf16" in changes)
+    device = workload.device
+    left_out: list[Unhelpful] = []
+    precisions: list[str | None] = [
+        None,
+        *(p for p in PRECISIONS if p != now and (p != "bf16" or "pure-bf16" in changes)),
     ]
+    if "fp16-autocast" in precisions:
+        precisions.remove("fp16-autocast")
+        lines.append(UNSEARCHED_FP16)
+    precisions = usable("precision", precisions, device, left_out)
     optimizers: list[str | None] = [None]
     if own is not None:
         same = SAME_ALGORITHM.get(own, ())
         others = [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
-        optimizers += others
+        optimizers = usable("optimizer", [None, *others], device, left_out)
+    moves = moves_from(device)  # on the CPU, offloading moves nothing
+    if not moves:
+        left_out += _why_not(("offload", "cpu_offload"), device)
+    if left_out:
+        lines.append(left_out_line(left_out, device))
     names = tuple(blocks(model))
     splits = [a for a in ACCUMULATE if _splits(workload.batch, a)]
     most = max(splits, default=1)
-
-    if "fp16-autocast" in precisions:
-        precisions.remove("fp16-autocast")
-        lines.append(UNSEARCHED_FP16)
     made: dict[Config, Estimate] = {}
 
     # the last search's, where nothing changed
@@ -249,21 +296,24 @@ def _search(
                 found = replace(alike, config=config, label=str(config))
         if old is not None and (old.timed or not wants_time):
             reused.append(config)
-            step, error = (old.step_s, old.error) if wants_time else (None, None)
+            step, error, spread_s = (
+                (old.step_s, old.error, old.spread_s) if wants_time else (None, None, None)
+            )
         else:
-            step, error = None, None
+            step, error, spread_s = None, None, None
             if wants_time and found.peak_bytes is not None and found.breakdown is not None:
                 say(f"timing {config}")
                 steps = OFFLOADED_TIMED_STEPS if config.offload else TIMED_STEPS
-                step, error = trial.step_time(config, steps)
-            kept[config] = Kept(found, wants_time, step, error, primed=True)
+                timing = trial.step_time(config, steps)
+                step, error, spread_s = timing.step_s, timing.error, spread(timing.times)
+            kept[config] = Kept(found, wants_time, step, error, primed=True, spread_s=spread_s)
         made[config] = found
         if found.peak_bytes is None or found.breakdown is None:
             lines.append(f"{config}: not estimated, {found.reason}.")
             return None
         if error is not None:
             lines.append(f"{config}: its step time is not known, the step failed: {error}.")
-        return Anchor.of(found.peak_bytes, found.breakdown, step)
+        return Anchor.of(found.peak_bytes, found.breakdown, step, spread_s)
 
     base = anchor(Config())
     if base is None:
@@ -299,7 +349,7 @@ def _search(
     if lora is not None:
         choices += [replace(c, lora=LORA_RANK) for c in choices if c.optimizer is None]
     offload: dict[str, Anchor] = {}
-    if moves_from(workload.device):  # on the CPU, offloading moves nothing
+    if moves:
         # the whole model's first: the blocks' host copies then reuse the blocks it pinned
         for where in sorted(OFFLOADS, key="model".__ne__) if names else ("model",):
             alone = anchor(Config(offload=where))
@@ -361,7 +411,7 @@ def _search(
         winner = confirm_in([p for p in points if p.choice.group == group])
         if winner is not None:
             break
-    if winner is None and moves_from(workload.device):  # the last resort: the state on the CPU
+    if winner is None and moves:  # the last resort: the state on the CPU
         for n in sizes:
             alone = anchor(Config(parallel="fsdp2", world_size=n, cpu_offload=True), timed=False)
             if alone is None:
@@ -383,10 +433,9 @@ def _search(
             if winner is not None:
                 break
     chosen = groups[0] if winner is None else winner[0].choice.group
-    shown = tuple(
-        (_config(p.choice, names), p.peak_bytes, p.step_s)
-        for p in front([p for p in points if p.choice.group == chosen])
-    )
+    on_front = front([p for p in points if p.choice.group == chosen])
+    shown = tuple((_config(p.choice, names), p.peak_bytes, p.step_s) for p in on_front)
+    shown_changes = tuple(step_change(p.step_s, base.step_s, p.noise_s) for p in on_front)
     for c in confirmed:
         what = (
             "not estimated"
@@ -401,16 +450,21 @@ def _search(
         return Search(
             budget_bytes, None, None, None, len(points), shown, tuple(confirmed),
             tuple(lines), time.perf_counter() - t0, len(made), trial=trial, base=base,
+            front_changes=shown_changes,
         )  # fmt: skip
     point, found = winner
     config = _config(point.choice, names)
     step_s = point.step_s if config.parallel is None else None  # one rank's compute, no more
+    change = step_change(step_s, base.step_s, point.noise_s)
     step = "" if step_s is None else f", about {format_seconds(step_s)} a step"
+    if change is not None:
+        step += f" ({change.against('the baseline')})"
     per = "" if config.parallel is None else " on its worst rank; step time on ranks not predicted"
     lines.append(f"Winner: {config}: estimated {format_bytes(found.peak_bytes or 0)}{per}{step}.")
     return Search(
         budget_bytes, config, found, step_s, len(points), shown, tuple(confirmed),
         tuple(lines), time.perf_counter() - t0, len(made), trial=trial, base=base,
+        predicted_change=change, front_changes=shown_changes,
     )  # fmt: skip
 
 
@@ -459,6 +513,12 @@ def _world_sizes(sizes: Sequence[int]) -> list[int]:
     for n in sizes:
         Config(parallel="ddp" if n > 1 else None, world_size=n)  # WORLD_SIZES_HELP where wrong
     return sorted(set(sizes))
+
+
+def _why_not(kinds: Sequence[str], device: Any) -> list[Unhelpful]:
+    """Why each of ``kinds`` (a technique as a whole) cannot help on ``device``."""
+    found = (unhelpful(kind, kind, device) for kind in kinds)
+    return [u for u in found if u is not None]
 
 
 def _splits(batch: Any, k: int) -> bool:

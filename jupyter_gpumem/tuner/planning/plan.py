@@ -19,9 +19,16 @@ What is measured (each with the trial's warm-up and steps, through the same reco
 The checkpointed blocks come from an exact solver over a calibrated peak model
 (:mod:`jupyter_gpumem.tuner.planning.solver`), one per precision and optimizer. An optimizer's effect
 is taken as measured with the model's own precision, its state scaled by the parameters'
-size under the other precisions. Step times within ``TIE`` of the least count as equal, and
-then the plan that changes fewer things wins: a technique is not switched for noise.
+size under the other precisions. Step times within ``TIE`` of the least, or within the noise
+of the timings they come from, count as equal, and then the plan that changes fewer things
+wins: a technique is not switched for noise. What cannot help on the trial's device (TF32 off
+CUDA: :mod:`jupyter_gpumem.techniques.on_device`) is not measured, and the reasoning says why.
 ``SAFETY`` of the budget is kept free for what the model does not see.
+
+The plan's step-time change against the model as it is is made once for its prediction
+(``predicted_change``) and, after ``verify()``, once for its measurement
+(``measured_change``), "within noise" where the timings spread as far
+(:mod:`jupyter_gpumem.tuner.step_change`); the reasoning and the tuner's widgets write those.
 
 On ``world_size`` ranks of ``parallel`` ("ddp" or "fsdp2"), every run above (the profile
 included) is one of that strategy's jobs, its ranks forked or spawned as ``Trial.run`` starts
@@ -50,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jupyter_gpumem.techniques import OPTIMIZERS, PRECISIONS, Config, blocks
+from jupyter_gpumem.techniques.on_device import Unhelpful, left_out_line, usable
 from jupyter_gpumem.techniques.optimizers import optimizer_name
 from jupyter_gpumem.techniques.precision import precision_name
 from jupyter_gpumem.tuner.estimation.on_card import checked_count_held
@@ -79,6 +87,7 @@ from jupyter_gpumem.tuner.planning.unmeasured import (
 )
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Measures
+from jupyter_gpumem.tuner.step_change import StepChange, step_change, widest
 from jupyter_gpumem.tuner.workload import holds_no_weights
 from jupyter_gpumem.units import format_bytes, format_seconds
 
@@ -125,6 +134,12 @@ class Plan:
     trial: Measures | None = field(default=None, repr=False, compare=False)
     parallel: str | None = None  # the strategy every run used; the budget is per rank
     world_size: int = 1
+    # the predicted step time against the baseline's measured one
+    predicted_change: StepChange | None = field(default=None, compare=False)
+    # the measured plan against the baseline, after ``verify()``
+    measured_change: StepChange | None = field(default=None, compare=False)
+    # a run of exactly this configuration made while planning: verify() takes it
+    planned_run: TrialResult | None = field(default=None, repr=False, compare=False)
 
     @property
     def config(self) -> Config:
@@ -146,13 +161,17 @@ class Plan:
         return self.result.status == "ok" and peak is not None and peak <= self.budget_bytes
 
     def verify(self) -> Plan:
-        """Measure the plan with its Trial; fills ``measured_peak_bytes`` and ``measured_step_s``."""
+        """Measure the plan with its Trial; fills ``measured_peak_bytes`` and ``measured_step_s``.
+
+        Where planning measured exactly this configuration already (the first half of the
+        blocks checkpointed, say), that run is the measurement: it is not made twice."""
         if self.trial is None:
             raise RuntimeError("this plan has no Trial to verify it with")
-        result = self.trial.run(self.config)
+        result = self.planned_run or self.trial.run(self.config)
         self.result = result
         self.measured_peak_bytes = result.peak_allocated_bytes
         self.measured_step_s = result.step_s
+        self.measured_change = result.step_change(self.baseline)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +196,12 @@ class Plan:
             "measured_error": None if self.result is None else self.result.error,
             "reasoning": list(self.reasoning),
         }
+        for key, change in (
+            ("predicted", self.predicted_change),
+            ("measured", self.measured_change),
+        ):
+            out[f"{key}_step_pct"] = None if change is None else change.pct
+            out[f"{key}_step_within_noise"] = None if change is None else change.within_noise
         for key, run in (("baseline", self.baseline), ("all_checkpointed", self.all_checkpointed)):
             out[f"{key}_peak_bytes"] = None if run is None else run.peak_allocated_bytes
             out[f"{key}_step_s"] = None if run is None else run.step_s
@@ -293,15 +318,21 @@ def plan(
         candidates = tuple(blocks(model))
         if not candidates:
             lines.append("The model has no repeated blocks, so nothing is checkpointed.")
+    device = trial.workload.device
+    unhelpful: list[Unhelpful] = []
     precisions: list[str | None] = [None]
     if "precision" in allowed:
         now = precision_name(model)
         kept = [p for p in PRECISIONS if p != "bf16" or "pure-bf16" in changes]
-        precisions += [p for p in kept if p != now]  # "fp32" of an fp32 model is as is
+        # "fp32" of an fp32 model is as is
+        precisions = usable("precision", [None, *(p for p in kept if p != now)], device, unhelpful)
     optimizers: list[str | None] = [None]
     if "optimizer" in allowed and own is not None:
         same = SAME_ALGORITHM.get(own, ())
-        optimizers += [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
+        others = [o for o in OPTIMIZERS if o != own and ("optimizer" in changes or o in same)]
+        optimizers = usable("optimizer", [None, *others], device, unhelpful)
+    if unhelpful:
+        lines.append(left_out_line(unhelpful, device))
     if holds_no_weights(model):
         if ranks.parallel is not None:
             raise ValueError(
@@ -409,7 +440,8 @@ def plan(
         lines.extend(
             profile_lines(found, peak_model, base_p, anchor, half, scale, chosen.precision)
         )
-    lines.extend(choice_lines(chosen, options, base, budget_bytes, reserve, candidates))
+    change = step_change(chosen.step_s, step_of(base), chosen.noise_s)
+    lines.extend(choice_lines(chosen, options, budget_bytes, reserve, candidates, change=change))
     if chosen.chosen and chosen.precision in models:
         lines.extend(fewer_line(models[chosen.precision][0], chosen, limit))
     unchecked = results.get(Config(precision=chosen.precision), base)
@@ -439,6 +471,14 @@ def plan(
         trial=trial,
         parallel=ranks.parallel,
         world_size=ranks.world_size,
+        predicted_change=change,
+        planned_run=results.get(
+            Config(
+                checkpoint=chosen.chosen or None,
+                precision=chosen.precision,
+                optimizer=chosen.optimizer,
+            )
+        ),
     )
 
 
@@ -527,10 +567,11 @@ def _option(
     model: Any,
 ) -> Option:
     extra_bytes, extra_s = _shift(results, p, o)
+    noise = _noise(results, p, o, checkpointed=p in models)
     if p not in models:
         r = results[Config(precision=p)]
         peak, step = peak_of(r) + extra_bytes, max(0.0, step_of(r) + extra_s)
-        return Option(p, o, (), peak, step, peak <= limit)
+        return Option(p, o, (), peak, step, peak <= limit, noise)
     peak_model = models[p][0]
     choice = solve(peak_model, limit - extra_bytes)
     everything = tuple(j for j, b in enumerate(peak_model.blocks) if b.saving_bytes > 0)
@@ -538,7 +579,25 @@ def _option(
     names = _in_order(model, [peak_model.blocks[j].name for j in chosen])
     peak = peak_model.peak(chosen) + extra_bytes
     step = max(0.0, peak_model.step_s(chosen) + extra_s)  # an estimate off by noise
-    return Option(p, o, names, peak, step, peak <= limit)
+    return Option(p, o, names, peak, step, peak <= limit, noise)
+
+
+def _noise(
+    results: dict[Config, TrialResult], p: str | None, o: str | None, *, checkpointed: bool
+) -> float | None:
+    """The widest spread of the timed steps of the runs an option's step time comes from:
+    the baseline, the precision, the optimizer (with the precision where they ran together)
+    and, where blocks are checkpointed, the precision's checkpointed runs."""
+    pair = results.get(Config(precision=p, optimizer=o))
+    used = [results[Config()], results[Config(precision=p)]]
+    used.append(pair if pair is not None and ok(pair) else results[Config(optimizer=o)])
+    if checkpointed:
+        used += [
+            r
+            for c, r in results.items()
+            if c.checkpoint is not None and c.precision == p and c.optimizer is None
+        ]
+    return widest(*(r.step_spread_s for r in used))
 
 
 def fit_plan(
@@ -604,7 +663,10 @@ def fit_plan(
             result.measured_fits,
             result.predicted_peak_bytes,
             result.predicted_step_s,
+            change=result.measured_change,
         )
+        if result.result is result.planned_run:
+            line += " That run was made while planning, of exactly this configuration."
         result.reasoning = (*result.reasoning, line)
     return result
 
@@ -701,16 +763,26 @@ def _in_order(model: Any, names: Sequence[str]) -> tuple[str, ...]:
 
 
 def _pick(options: list[Option]) -> tuple[Option, str | None]:
-    """The fitting option of least step time, fewer changes winning within TIE; else the lowest peak."""
+    """The fitting option of least step time, fewer changes winning within TIE or within the
+    noise of the timings the two come from; else the lowest peak."""
     fitting = [o for o in options if o.fits]
     if not fitting:
         return min(options, key=lambda o: (o.peak_bytes, o.step_s)), None
     fastest = min(fitting, key=lambda o: (o.step_s, o.changes, len(o.chosen)))
-    tied = [o for o in fitting if o.step_s <= fastest.step_s + TIE * abs(fastest.step_s)]
+
+    def margin(o: Option) -> float:
+        return max(TIE * abs(fastest.step_s), widest(o.noise_s, fastest.noise_s) or 0.0)
+
+    tied = [o for o in fitting if o.step_s <= fastest.step_s + margin(o)]
     best = min(tied, key=lambda o: (o.changes, o.step_s, len(o.chosen)))
     if best is fastest:
         return best, None
+    within = (
+        f"within {TIE:.0%}"
+        if best.step_s <= fastest.step_s + TIE * abs(fastest.step_s)
+        else "within the noise of the timings they come from"
+    )
     return best, (
         f"{label(fastest)} is predicted {format_seconds(best.step_s - fastest.step_s)} faster, "
-        f"within {TIE:.0%}: the plan that changes less is kept."
+        f"{within}: the plan that changes less is kept."
     )

@@ -14,6 +14,7 @@ from jupyter_gpumem.techniques import Config
 from jupyter_gpumem.tuner.planning.profile import StepProfile
 from jupyter_gpumem.tuner.planning.solver import PeakModel
 from jupyter_gpumem.tuner.results import TrialResult
+from jupyter_gpumem.tuner.step_change import StepChange
 from jupyter_gpumem.units import format_bytes, format_seconds
 
 
@@ -27,6 +28,7 @@ class Option:
     peak_bytes: int
     step_s: float
     fits: bool
+    noise_s: float | None = None  # the widest spread of the timings step_s comes from
 
     @property
     def changes(self) -> int:
@@ -222,12 +224,14 @@ def optimizer_note(new: str, old: str | None) -> str:
 def choice_lines(
     o: Option,
     options: list[Option],
-    base: TrialResult,
     budget_bytes: int,
     reserve: int,
     candidates: Sequence[str],
+    *,
+    change: StepChange | None,
 ) -> list[str]:
-    """The plan, what it leaves of the budget, and the runners-up."""
+    """The plan, its step-time ``change`` against the model as it is, what it leaves of the
+    budget, and the runners-up."""
     lines = []
     if len({(x.precision, x.optimizer) for x in options}) > 1:
         lines.append(
@@ -241,9 +245,7 @@ def choice_lines(
         )
     what.append(f"precision {o.precision or 'as it is'}")
     what.append(f"optimizer {o.optimizer or 'as it is'}")
-    cost = ""
-    if ok(base) and step_of(base) > 0:
-        cost = f" ({100 * (o.step_s - step_of(base)) / step_of(base):+.0f}% against as it is)"
+    cost = "" if change is None else f" ({change.against('as it is')})"
     head = "Plan" if o.fits else "Nothing fits; the lowest predicted peak is"
     lines.append(
         f"{head}: {', '.join(what)}: predicted peak {format_bytes(o.peak_bytes)} at "
@@ -282,16 +284,24 @@ FAR_OFF = 2.0  # a measured step this many times the predicted one (or a 1/FAR_O
 
 
 def verified_line(
-    r: TrialResult, fits: bool | None, predicted_peak: int | None, predicted_step: float | None
+    r: TrialResult,
+    fits: bool | None,
+    predicted_peak: int | None,
+    predicted_step: float | None,
+    *,
+    change: StepChange | None = None,
 ) -> str:
-    """The sentence that closes a verified plan's reasoning; where the measured step time is
-    far from the predicted one, a second sentence says so."""
+    """The sentence that closes a verified plan's reasoning, with the measured step-time
+    ``change`` against the model as it is; where the measured step time is far from the
+    predicted one, a second sentence says so."""
     if r.status != "ok":
         return f"Verified by a measured run: it {why(r)}."
+    against = "" if change is None else f", {change.against('as it is')}"
     line = (
         f"Verified by a measured run: peak {format_bytes(r.peak_allocated_bytes)} (predicted "
         f"{format_bytes(predicted_peak)}), {format_seconds(r.step_s)} a step "
-        f"(predicted {format_seconds(predicted_step)}); it {'fits' if fits else 'does not fit'} the budget."
+        f"(predicted {format_seconds(predicted_step)}){against}; it "
+        f"{'fits' if fits else 'does not fit'} the budget."
     )
     if r.step_s and predicted_step and not 1 / FAR_OFF < r.step_s / predicted_step < FAR_OFF:
         line += (
