@@ -171,7 +171,9 @@ def test_later_cells_warn_nothing_and_notes_are_said_once(ip: InteractiveShell) 
     # ...vocab's too, though the first cell's budget ran out before the scan reached it
     assert [n for n in said if "vocab (50,000 items)" in n], said
     walked = [
-        i for i, report in enumerate(notes) if any("small_tensors is too large" in n for n in report)
+        i
+        for i, report in enumerate(notes)
+        if any("small_tensors is too large" in n for n in report)
     ]
     assert walked == [0], notes  # the partial walk is announced once, not on every cell
     assert not [n for n in notes[-1] if n.startswith("leak hints")], notes[-1]

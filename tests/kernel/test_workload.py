@@ -34,7 +34,9 @@ def test_an_optimizer_of_part_of_the_model_is_taken() -> None:
     result = Trial(model, torch.randn(4, 8), _loss, optimizer=head, warmup=0, steps=1).run(Config())
     assert result.status == "ok"
     # exp_avg and exp_avg_sq of the head's 18 parameters, and a 4-byte step count per tensor
-    assert result.breakdown is not None and result.breakdown["optimizer_state"] == 2 * 4 * 18 + 2 * 4
+    assert (
+        result.breakdown is not None and result.breakdown["optimizer_state"] == 2 * 4 * 18 + 2 * 4
+    )
 
 
 def test_the_matching_optimizer_counts_its_state() -> None:

@@ -189,7 +189,11 @@ def test_the_most_each_category_holds_at_once() -> None:
     from jupyter_gpumem.tuner.estimation.fake_peaks import most_held
 
     most = most_held(_run())
-    assert most == {"parameters": 3 * MiB + 1024, "optimizer_state": 2 * MiB, "activations": 6 * MiB}
+    assert most == {
+        "parameters": 3 * MiB + 1024,
+        "optimizer_state": 2 * MiB,
+        "activations": 6 * MiB,
+    }
     # the activation freed before a second one of the same category: the most is one of them
     twice = replace(_run(), tags=((5, "activations"), (6, "activations")))
     assert most_held(twice)["activations"] == 6 * MiB + MiB  # both alive between 10 and 11
