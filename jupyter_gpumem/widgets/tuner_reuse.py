@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jupyter_gpumem.tuner.trial import Trial
-    from jupyter_gpumem.widgets.tuner import Tuner
 
 __all__ = ["differs", "earlier", "remember", "same_trial"]
 
-# the latest panel of each model, by id(model): it holds the model, so the id is not reused
-_LATEST: weakref.WeakValueDictionary[int, Tuner] = weakref.WeakValueDictionary()
+# the latest panel (a Tuner) of each model, by id(model): it holds the model, so the id is not
+# reused
+_LATEST: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def same_trial(a: Trial | None, b: Trial | None) -> bool:
@@ -44,7 +44,7 @@ def _same(x: Any, y: Any) -> bool:
     return type(x) is type(y) and isinstance(x, plain) and x == y
 
 
-def earlier(model: Any, shell: Any) -> Tuner | None:
+def earlier(model: Any, shell: Any) -> Any:
     """The open panel made last for ``model`` in ``shell``, if any."""
     found = _LATEST.get(id(model))
     if found is None or found.model is not model or found.shell is not shell:
@@ -52,12 +52,12 @@ def earlier(model: Any, shell: Any) -> Tuner | None:
     return None if found.comm is None else found  # closed: no panel to show again
 
 
-def remember(tuner: Tuner) -> None:
+def remember(tuner: Any) -> None:
     """``tuner`` is now its model's panel."""
     _LATEST[id(tuner.model)] = tuner
 
 
-def differs(before: Tuner, optimizer: str, trial: Trial | None) -> str | None:
+def differs(before: Any, optimizer: str, trial: Trial | None) -> str | None:
     """What ``before`` had that a call with ``optimizer`` and ``trial`` does not ask for, in
     words ("the optimizer variable 'opt', not 'opt2'"); None for the same."""
     if before.optimizer_name != optimizer:

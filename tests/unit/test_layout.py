@@ -59,7 +59,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # A widget below the widgets' floor: GenerateMap.chart() draws the map with it.
     ("widgets.generate_chart",),
     ("tuner.estimation.generate_map",),
-    ("tuner.results",),
+    ("tuner.results", "tuner.step_change"),
     ("tuner.saved_state",),
     ("tuner.steps",),
     ("tuner.rank_payload", "tuner.forked_ranks"),
