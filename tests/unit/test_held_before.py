@@ -35,6 +35,7 @@ from jupyter_gpumem.tuner.estimation.verdict import verdict
 MiB, GiB = 1 << 20, 1 << 30
 PARAM, WORKSPACE, SMALL = 1 << 40, (1 << 40) + 64 * MiB, (1 << 40) + 128 * MiB
 HELD = (1 << 40) + 256 * MiB
+POOL = 1 << 41  # a CUDA graph pool's segments
 LT, WEIGHT = SMALL, SMALL + MiB  # the cuBLASLt workspace, and the user's 512 x 512 fp32 weight
 WORKSPACES = {WORKSPACE: 32 * MiB, WORKSPACE + 32 * MiB: 32 * MiB, LT: MiB}
 H200 = DeviceFacts(
@@ -208,6 +209,43 @@ def test_a_verdict_for_another_card_never_counts_what_is_held_here() -> None:
     # the same card by name is this one: what is held is there
     same = _estimate(_peaks(count_held=counts_held(True, H200, card("H200"))), "H200")
     assert same.verdict is not None and same.verdict.reserved_bytes > 2 * GiB
+
+
+def _with_graph_pool() -> list[dict[str, Any]]:
+    """:func:`_snapshot` less the 2 GiB tensor, with a compiled model's CUDA graph pool: two
+    segments of a private pool, every block free (as a captured graph leaves its pool)."""
+    pool = [
+        {**_segment(POOL + i * 64 * MiB, size, [(0, size, "inactive")]), "segment_pool_id": (0, 1)}
+        for i, size in enumerate((40 * MiB, 20 * MiB))
+    ]
+    return [*_snapshot(held=False), *pool]
+
+
+def test_a_cuda_graph_pool_counts_in_reserved_and_is_never_allocated_from() -> None:
+    """The zoo's lived-in process: a compiled generate left 114 MiB of graph pools reserved, and
+    every estimate after it was 114 MiB short of the reserved peak measured there."""
+    segments, foreign = layout_of(_with_graph_pool(), 0, 0, (), WORKSPACES)
+    pooled = [s for s in segments if s.private_pool]
+    assert [s.total_size for s in pooled] == [40 * MiB, 20 * MiB]
+    assert foreign == frozenset(s.address for s in pooled)  # reserved, never handed out
+    plain = _peaks(count_held=True, held=False)
+    peaks = cuda_peaks(_run(), segments, foreign, workspaces=H200.workspace_sizes)
+    assert peaks.peak_bytes == plain.peak_bytes and peaks.breakdown == plain.breakdown
+    assert peaks.peak_reserved_bytes == plain.peak_reserved_bytes + 60 * MiB
+    assert peaks.pool_bytes == 60 * MiB and plain.pool_bytes == 0
+    est = _estimate(peaks)
+    assert est.held_pool_bytes == 60 * MiB
+    assert est.notes == (
+        "CUDA graph pools of this process reserve 60.0 MiB before the call (a compiled model's, "
+        "kept while it lives): in the reserved peak, never used by this workload; "
+        "count_held=False leaves them out",
+    )
+    # a process that holds nothing else (and another card) has no pools
+    left_out = cuda_peaks(
+        _run(), segments, foreign, workspaces=H200.workspace_sizes, count_held=False
+    )
+    assert left_out.peak_reserved_bytes == plain.peak_reserved_bytes and left_out.pool_bytes == 0
+    assert _estimate(left_out).notes == ()
 
 
 def test_held_memory_that_dominates_a_verdict_says_how_to_leave_it_out() -> None:

@@ -49,6 +49,8 @@ class Estimate:
     # on the GPU before the call and not the workload's (nor a library workspace); None: CPU
     held_bytes: int | None = None
     held_counted: bool = True  # whether held_bytes is in the peak (the breakdown's held_before)
+    # reserved before the call by the process's CUDA graph pools, in peak_reserved_bytes
+    held_pool_bytes: int = 0
 
     @property
     def total_bytes(self) -> int | None:
@@ -213,6 +215,7 @@ def from_peaks(peaks: Any, facts: Any, *, t0: float, **fields: Any) -> Estimate:
         most_bytes=peaks.most,
         held_bytes=peaks.held_bytes,
         held_counted=peaks.held_counted,
+        held_pool_bytes=peaks.pool_bytes,
         workspace_bytes=facts.workspace_bytes if facts else None,
         context_bytes=facts.context_bytes if facts else None,
         device_total_bytes=facts.total_bytes if facts else None,

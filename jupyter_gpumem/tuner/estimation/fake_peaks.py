@@ -36,6 +36,7 @@ from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
 from jupyter_gpumem.analysis.library_memory import LIBRARY_WORKSPACE
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
+from jupyter_gpumem.tracking.snapshot import in_private_pool
 from jupyter_gpumem.tracking.workspaces import allocated, memory_snapshot, remade, workspaces
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
@@ -58,6 +59,8 @@ class Peaks:
     # held on the device before the call, neither the run's nor a library workspace (GPU only)
     held_bytes: int | None = None
     held_counted: bool = True  # whether held_bytes is in the peak, as HELD_BEFORE
+    # reserved before the call by private pools (CUDA graphs'): in the reserved peak, never used
+    pool_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,8 @@ def layout_of(
         if seg.get("device", 0) != index:
             continue
         blocks = tuple(_block(b, drop, workspaces) for b in seg.get("blocks", ()))
-        if not any(b.state == ALLOCATED for b in blocks):
+        private = in_private_pool(seg)
+        if not private and not any(b.state == ALLOCATED for b in blocks):
             continue
         segments.append(
             SegmentState(
@@ -269,9 +273,10 @@ def layout_of(
                 int(seg["total_size"]),
                 seg.get("segment_type") == "small",
                 blocks,
+                private_pool=private,
             )
         )
-        if seg.get("stream", 0) != stream:
+        if private or seg.get("stream", 0) != stream:
             foreign.add(int(seg["address"]))
     return tuple(segments), frozenset(foreign)
 
@@ -349,6 +354,7 @@ def cuda_peaks(
     held, library = _owners(run, segments, workspaces)
     if not count_held:
         segments = without(segments, held)
+    pools = sum(s.total_size for s in segments if s.private_pool)
     alloc = CachingAllocator(segments, foreign=foreign)
     address: dict[int, int] = {}
     resident = alloc.allocated
@@ -410,7 +416,11 @@ def cuda_peaks(
     breakdown[HELD_BEFORE] = counted
     breakdown[LIBRARY_WORKSPACE] += workspace
     return replace(
-        peaks, breakdown=breakdown, held_bytes=sum(held.values()), held_counted=count_held
+        peaks,
+        breakdown=breakdown,
+        held_bytes=sum(held.values()),
+        held_counted=count_held,
+        pool_bytes=pools,
     )
 
 

@@ -57,6 +57,17 @@ def held_note(found: Estimate, facts: DeviceFacts, target: cards.Card | None) ->
     )
 
 
+def pool_note(found: Estimate) -> str | None:
+    """The CUDA graph pools the process reserved before the call, which the estimate counts."""
+    if not found.held_pool_bytes:
+        return None
+    return (
+        f"CUDA graph pools of this process reserve {format_bytes(found.held_pool_bytes)} before "
+        "the call (a compiled model's, kept while it lives): in the reserved peak, never used by "
+        "this workload; count_held=False leaves them out"
+    )
+
+
 def on_card(
     found: Estimate, facts: DeviceFacts, target: cards.Card | None, nccl: NcclShare | None = None
 ) -> Estimate:
@@ -79,6 +90,9 @@ def on_card(
     held = held_note(found, facts, target)
     if held is not None:
         notes.append(held)
+    pools = pool_note(found)
+    if pools is not None:
+        notes.append(pools)
     told = workspace_note(facts)
     if told is not None:
         notes.append(told)
