@@ -81,29 +81,30 @@ def _call(log: _Log, step: int, new: int, cache: int | None, scratch: Scratch) -
 
 def _generate(
     log: _Log, checks: list[int], tokens: int, steps: int, step: int, cache: int | None,
-    *, keep: bool = False, scratch: Scratch = lambda step: (512,),
+    *, keep: bool = False, scratch: Scratch = lambda step: (512,), held: int = 1,
 ) -> None:  # fmt: skip
     """generate's loop in small, from model call ``step`` on a prompt of ``tokens`` (all but
     one of them in ``cache``, where given): each step's scores, its ids a column longer (the
     scores kept, with ``keep``, as output_scores keeps them), the next step's preparation kept
-    until the one after; the end copies the ids out."""
+    for ``held`` steps after (transformers 5.17 keeps a step's outputs for two); the end copies
+    the ids out."""
     made = log.alloc(8)  # the unfinished sequences, to the end
     ids = log.alloc(8 * tokens)
-    position = None
+    positions: list[int | None] = [None] * held
     logits, cache = _call(log, step, 1 if cache is not None else tokens, cache, scratch)
     for k in range(steps):
         checks.append(log.clock)
         if k:
             prepared = log.alloc(16)
-            log.free(position)
-            position = prepared
+            log.free(positions.pop(0))
+            positions.append(prepared)
             logits, cache = _call(log, step + k, 1, cache, scratch)
         scores = log.alloc(4000)
         longer = log.alloc(log.sizes[ids] + 8)
         log.free(ids, logits, None if keep else scores)
         ids = longer
     checks.append(log.clock)  # the check that ends the loop
-    log.free(log.alloc(log.sizes[ids]), made, ids, position, cache)
+    log.free(log.alloc(log.sizes[ids]), made, ids, *positions, cache)
 
 
 def _runs(new: int, **how: Any) -> tuple[FakeRun, FakeRun, DecodeClocks]:
@@ -122,8 +123,9 @@ def _runs(new: int, **how: Any) -> tuple[FakeRun, FakeRun, DecodeClocks]:
     )
 
 
-def test_the_filled_in_run_is_every_steps_event_for_event() -> None:
-    every, skipped, clocks = _runs(30)
+@pytest.mark.parametrize("held", [1, 2], ids=["freed-by-the-next-step", "kept-two-steps"])
+def test_the_filled_in_run_is_every_steps_event_for_event(held: int) -> None:
+    every, skipped, clocks = _runs(30, held=held)
     filled = filled_in(skipped, clocks)
     assert told(filled) == told(every) and filled.marks == every.marks
     assert [clock for *_, clock in filled.events] == [clock for *_, clock in every.events]
@@ -137,12 +139,19 @@ def test_the_filled_in_run_is_every_steps_event_for_event() -> None:
 @pytest.mark.parametrize(
     ("how", "why"),
     [
-        ({"keep": True}, "keeps what it makes past the next step"),
+        ({"keep": True}, "keeps what it makes past the 2 steps after it"),
         ({"scratch": lambda step: (512 * step * step,)}, "last decode step's sizes do not grow"),
         ({"scratch": lambda step: (512,) * (1 + (step >= 20))}, "last decode step allocates"),
         ({"scratch": lambda step: (512,) * (1 + (step >= 3))}, "consecutive decode steps alloc"),
+        ({"held": 3}, "consecutive decode steps allocate or free differently"),
     ],
-    ids=["scores-kept", "grows-by-its-square", "changes-midway", "changes-in-the-first-call"],
+    ids=[
+        "scores-kept",
+        "grows-by-its-square",
+        "changes-midway",
+        "changes-in-the-first-call",
+        "kept-three-steps",
+    ],
 )
 def test_steps_that_do_not_repeat_are_not_filled_in(how: dict[str, Any], why: str) -> None:
     _, skipped, clocks = _runs(30, **how)

@@ -17,7 +17,7 @@ Known limitations:
 - A step that differs from its neighbours only inside the skipped ones (a logits processor that
   starts and stops there) is not seen; one that differs from some step to the end is, in the
   last steps, and raises :class:`Unfollowed`, as does a step that keeps what it makes for more
-  than the next step.
+  than the ``MAX_LAG`` steps after it (transformers 5.17 keeps a step's outputs for two).
 - The allocator model places every step's blocks: its time grows with the steps (some 250
   events a step for a small Llama, 0.5 s for 200 steps), where the fake run's does not.
 """
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from jupyter_gpumem.records import PhaseMark
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
 
-STEADY_STEPS = 2  # decode steps past the first one that the first call runs: the pattern's
+MAX_LAG = 2  # a step may free what it made and what the MAX_LAG steps before it made
+STEADY_STEPS = MAX_LAG + 1  # decode steps past the first one that the first call runs
 
 # A step's events: ("alloc", 0, j) for its j-th allocation; ("free", lag, j) for the j-th
-# allocation of the step ``lag`` steps before it (0: itself); ("free", -1, i) for storage i,
-# made before that.
+# allocation of the step ``lag`` steps before it (0: itself; at most MAX_LAG); ("free", -1, i)
+# for storage i, made before that.
 _Event = tuple[str, int, int]
 _Events = Sequence[tuple[str, int, int]]
 
@@ -62,6 +63,7 @@ class _Pattern:
 
     events: tuple[_Event, ...]
     made: tuple[int, ...]  # the storages the pattern's step (``step``) made, by number
+    before: tuple[tuple[int, ...], ...]  # those the MAX_LAG - 1 steps before it made, oldest first
     grown: tuple[int, ...]  # the bytes each allocation grows by from one step to the next
     call: tuple[str, int]  # the phase its model call marks, and the events before the call
     step: int
@@ -106,7 +108,7 @@ def _told(
             made += 1
             continue
         where = born.get(i)
-        if where is None or step - where[0] > 1:
+        if where is None or step - where[0] > MAX_LAG:
             out.append(("free", -1, i))
         else:
             out.append(("free", step - where[0], where[1]))
@@ -127,31 +129,36 @@ def _call_in(run: FakeRun, on_clock: Sequence[int], after: int, to: int) -> tupl
 
 
 def _pattern_of(run: FakeRun, on_clock: Sequence[int], clocks: DecodeClocks) -> _Pattern:
-    """The pattern of the first call's last two steps, which must go alike."""
+    """The pattern of the first call's last two steps, which must go alike (the MAX_LAG steps
+    before them tell what they free of their predecessors')."""
     first = clocks.first
     a, b = len(first) - 3, len(first) - 2  # generate's loop: step k from check k to check k+1
-    if a < 1 or len(clocks.last) != 3 or clocks.new_tokens - 2 <= b:
+    if a < MAX_LAG or len(clocks.last) != 3 or clocks.new_tokens - 2 <= b:
         raise Unfollowed("the run is not a first call of several steps and a call of two last")
-    steps = [_span(on_clock, first[k], first[k + 1]) for k in (a - 1, a, b)]
-    if run.window > steps[1].start:
+    steps = [_span(on_clock, first[k], first[k + 1]) for k in range(a - MAX_LAG, b + 1)]
+    if run.window > steps[-2].start:
         raise Unfollowed("the run's measured steps begin inside the decode steps")
     born: dict[int, tuple[int, int]] = {}
-    _told(run.events, steps[0], a - 1, born)
-    told_a = _told(run.events, steps[1], a, born)
-    told = _told(run.events, steps[2], b, born)
+    for k, span in zip(range(a - MAX_LAG, a), steps, strict=False):
+        _told(run.events, span, k, born)
+    told_a = _told(run.events, steps[-2], a, born)
+    told = _told(run.events, steps[-1], b, born)
     if told != told_a:
         raise Unfollowed("two consecutive decode steps allocate or free differently")
     if any(e[0] == "free" and e[1] < 0 for e in told):
-        raise Unfollowed("a decode step frees what a step before the one before it made")
+        raise Unfollowed(
+            f"a decode step frees what a step more than {MAX_LAG} steps before it made"
+        )
     made = {e[2] for e in told if e[0] == "alloc"}
     if made != {e[2] for e in told if e[0] == "free"}:  # lag 0 or 1: each once, or they pile up
-        raise Unfollowed("a decode step keeps what it makes past the next step")
+        raise Unfollowed(f"a decode step keeps what it makes past the {MAX_LAG} steps after it")
     call = _call_in(run, on_clock, first[b], first[b + 1])
     if _call_in(run, on_clock, first[a], first[b]) != call:
         raise Unfollowed("two consecutive decode steps call the model at different points")
-    now, before = _allocated(run, steps[2]), _allocated(run, steps[1])
+    now, before = _allocated(run, steps[-1]), _allocated(run, steps[-2])
     grown = tuple(run.sizes[i] - run.sizes[j] for i, j in zip(now, before, strict=True))
-    return _Pattern(tuple(told), tuple(now), grown, call, b)
+    older = tuple(tuple(_allocated(run, span)) for span in steps[-MAX_LAG:-1])
+    return _Pattern(tuple(told), tuple(now), older, grown, call, b)
 
 
 def _check_last(
@@ -216,7 +223,8 @@ def _whole(
         clock += 1
         marks.append(PhaseMark(clock, pattern.call[0], step))
 
-    previous = list(pattern.made)
+    ran = [*pattern.before, pattern.made]  # the storages of the last MAX_LAG steps that ran
+    recent: list[Sequence[int]] = list(ran)  # and of the last MAX_LAG steps made, oldest first
     for step in range(pattern.step + 1, clocks.new_tokens):
         now: list[int] = []
         grown = pattern.sizes(run.sizes, step)
@@ -226,10 +234,10 @@ def _whole(
             if e[0] == "alloc":
                 now.append(make(grown[e[2]], pattern.made[e[2]]))
             else:
-                free((now if e[1] == 0 else previous)[e[2]])
+                free((now if e[1] == 0 else recent[-e[1]])[e[2]])
         if pattern.call[1] == len(pattern.events):
             call(step)
-        previous = now
+        recent = [*recent[1:], now]
     # the call's end: the first call's, on the last step's storages, with the last call's sizes
     ending = _span(on_clock, first[-1], clocks.first_end)
     sized = [
@@ -237,7 +245,9 @@ def _whole(
     ]
     if len(sized) != len(_allocated(run, ending)):
         raise Unfollowed("the first call and the last steps' call end otherwise")
-    twin = dict(zip(pattern.made, previous, strict=True))
+    twin = {}
+    for made, now in zip(ran, recent, strict=True):
+        twin.update(zip(made, now, strict=True))
     for n in ending:
         action, i, _ = run.events[n]
         if action == "alloc":
