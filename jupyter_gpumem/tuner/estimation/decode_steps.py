@@ -245,9 +245,9 @@ def _whole(
     ]
     if len(sized) != len(_allocated(run, ending)):
         raise Unfollowed("the first call and the last steps' call end otherwise")
-    twin = {}
-    for made, now in zip(ran, recent, strict=True):
-        twin.update(zip(made, now, strict=True))
+    twin: dict[int, int] = {}
+    for before, after in zip(ran, recent, strict=True):
+        twin.update(zip(before, after, strict=True))
     for n in ending:
         action, i, _ = run.events[n]
         if action == "alloc":
