@@ -3,7 +3,8 @@
     python bench/allocation_diff.py OUTPUT_DIR CASE [BATCH]
 
 For one case of :mod:`zoo` at its bench size, the estimate's fake run (from the meta device) and
-the measured run (random weights, ``torch.cuda.memory._record_memory_history`` around it) give
+the measured run (random weights, ``torch.cuda.memory._record_memory_history`` around the same steps in a
+plain loop) give
 two multisets of allocation sizes (rounded to 512 B, as the allocator rounds). What only the real
 run allocates, by size with the Python frames that asked for it (cuDNN's workspaces, a kernel's
 own buffers), and what only the estimate allocates go to ``OUTPUT_DIR/diff_<case>.json``.
@@ -58,6 +59,27 @@ def fake_sizes(case: zoo.Case, n: int | None) -> tuple[list[int], Any]:
     return [s for s in sizes if s], found
 
 
+def _plain_steps(case: zoo.Case, built: Any, n: int | None) -> None:
+    """The trial's three steps (one warm-up, two measured) in a plain loop, for the trace: a
+    ``Trial.run`` of its own records the allocator's history and would take the trace's place."""
+    import contextlib
+
+    import torch
+
+    batch = built.batch if n is None else built.make_batch(n)
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    bf16 = case.precision == "bf16-autocast"
+    for _ in range(3):
+        with torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = built.loss(built.model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     import torch
 
@@ -66,8 +88,9 @@ def main() -> None:
     case = zoo.case(name)
     fake, found = fake_sizes(case, n)
     real_model = case.build("cuda", "bench")
-    torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
     allocated, reserved = model_zoo.measured(case, real_model, "bench", n)
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
+    _plain_steps(case, real_model, n)
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
     real = [e for e in trace if e["action"] == "alloc"]
