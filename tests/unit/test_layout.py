@@ -37,6 +37,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.quantized",
         "tuner.estimation.untraced",
         "tuner.estimation.stand_ins",
+        "tuner.estimation.reduce_buffers",
         "tuner.estimation.cuda_autocast",
         "tuner.estimation.cuda_attention",
         "tuner.estimation.kernel_checks",

@@ -7,7 +7,9 @@ What the allocator adds per card is torch's cuBLAS/cuBLASLt workspace, whose siz
 picks by architecture (32 MiB per handle from Hopper on, 4 MiB x 2 + 16 KiB x 8 before:
 ``CUBLAS_WORKSPACE_CONFIG``'s defaults); the estimate measures the present card's and scales
 it to the target's. The CUDA context depends mostly on the libraries loaded, so the present
-card's measured context stands for the target's, and the estimate says so.
+card's measured context stands for the target's, and the estimate says so. The multiprocessors
+and their threads (the vendor's specifications; the H100's are the SXM part's, 114 on PCIe)
+size CUDA's reduction buffers (:mod:`.reduce_buffers`) where an estimate is made without CUDA.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class Card:
     capability: tuple[int, int]
     source: str
     aliases: tuple[str, ...] = ()
+    # what CUDA's reduction kernels size their staging buffers by (the SXM part's for the H100)
+    multiprocessors: int = 132
+    threads_per_multiprocessor: int = 2048
 
     @property
     def bf16(self) -> bool:
@@ -45,14 +50,14 @@ CARDS: tuple[Card, ...] = (
     Card("H200", 150_109_880_320, (9, 0), "measured: H200 141GB HBM3e (SXM), torch total_memory",
          ("h200-141gb", "nvidia h200")),
     Card("A100-80GB", 81_920 * MiB, (8, 0), "nvidia-smi memory.total, A100-SXM4-80GB",
-         ("a100-sxm4-80gb", "a100-pcie-80gb")),
+         ("a100-sxm4-80gb", "a100-pcie-80gb"), 108),
     Card("A100-40GB", 40_960 * MiB, (8, 0), "nvidia-smi memory.total, A100-SXM4-40GB",
-         ("a100", "a100-sxm4-40gb")),
-    Card("L4", 23_034 * MiB, (8, 9), "nvidia-smi memory.total, ECC on"),
-    Card("A10G", 23_028 * MiB, (8, 6), "nvidia-smi memory.total, ECC on (AWS g5)"),
-    Card("RTX-4090", 24_564 * MiB, (8, 9), "nvidia-smi memory.total", ("4090", "geforce rtx 4090")),
-    Card("RTX-3090", 24_576 * MiB, (8, 6), "nvidia-smi memory.total", ("3090", "geforce rtx 3090")),
-    Card("T4", 15_360 * MiB, (7, 5), "nvidia-smi memory.total, ECC on", ("tesla t4",)),
+         ("a100", "a100-sxm4-40gb"), 108),
+    Card("L4", 23_034 * MiB, (8, 9), "nvidia-smi memory.total, ECC on", (), 58, 1536),
+    Card("A10G", 23_028 * MiB, (8, 6), "nvidia-smi memory.total, ECC on (AWS g5)", (), 80, 1536),
+    Card("RTX-4090", 24_564 * MiB, (8, 9), "nvidia-smi memory.total", ("4090", "geforce rtx 4090"), 128, 1536),
+    Card("RTX-3090", 24_576 * MiB, (8, 6), "nvidia-smi memory.total", ("3090", "geforce rtx 3090"), 82, 1536),
+    Card("T4", 15_360 * MiB, (7, 5), "nvidia-smi memory.total, ECC on", ("tesla t4",), 40, 1024),
 )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_gpumem.records import ALLOCATED, BlockState, SegmentState
-from jupyter_gpumem.tuner.estimation import cards
+from jupyter_gpumem.tuner.estimation import cards, reduce_buffers
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_peaks import DeviceFacts, WorkspaceBlock
 
@@ -88,6 +88,13 @@ def device(torch: Any) -> Any:
 
     torch.clear_autocast_cache = clear_both
     return torch.device(NAME, 0)
+
+
+def aim(card: cards.Card) -> None:
+    """The stand-in device's kernels behave as ``card``'s (its reductions' staging buffers)."""
+    reduce_buffers.aim(
+        NAME, reduce_buffers.Multiprocessors(card.multiprocessors, card.threads_per_multiprocessor)
+    )
 
 
 def is_stand_in(device: Any) -> bool:

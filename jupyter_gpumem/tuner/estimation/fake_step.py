@@ -20,8 +20,10 @@ Afterwards the model, its modules' attributes, the optimizer and the random gene
 CUDA, Python, NumPy) are as they were.
 
 Known limitations:
-- Memory a kernel allocates for itself without an op (cuDNN and attention workspaces,
-  cuBLAS's own workspace) is not seen; the estimate adds what it can measure once per device.
+- Memory a kernel allocates for itself without an op is not seen, except where a module
+  models it (:mod:`.reduce_buffers`: reductions' staging buffers; :mod:`.stand_ins`: grouped
+  GEMMs'); cuDNN's and attention's workspaces are not, cuBLAS's the estimate measures once
+  per device.
 - Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
   whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
   ``torch.compile``d modules cannot run; :class:`Unfakeable` says which, and the line that
@@ -43,6 +45,7 @@ from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
+from jupyter_gpumem.tuner.estimation import reduce_buffers
 from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
 from jupyter_gpumem.tuner.estimation.fake_objects import (
     Faker,
@@ -126,6 +129,9 @@ def recording_mode() -> type:
                 self.log.record(buffer, (), {})
             out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
             self.log.record(out, args, kwargs)
+            staging = reduce_buffers.buffers(torch, func, args, kwargs)  # after the output
+            for buffer in staging:  # freed as the kernel's launch returns
+                self.log.record(buffer, (), {})
             return out
 
     return _Recording

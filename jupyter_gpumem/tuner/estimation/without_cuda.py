@@ -161,6 +161,7 @@ def _generate_job(job: tuple[Any, ...]) -> Estimate:
     model, card, sizes, generate_kwargs, label, generate_run = job
     t0 = time.perf_counter()
     device = cuda_stand_in.device(torch)
+    cuda_stand_in.aim(card)
     model.to("meta")
     _as_constructed(model)
     try:
@@ -386,6 +387,7 @@ def _in_worker(
     from torch.utils._pytree import tree_map
 
     device = cuda_stand_in.device(torch)
+    cuda_stand_in.aim(card)
 
     def to_meta(value: Any) -> Any:
         return value.to("meta") if isinstance(value, torch.Tensor) else value
