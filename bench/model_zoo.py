@@ -204,8 +204,9 @@ def table(results: dict[str, Any]) -> str:
                 f"{r['estimate_s']:.1f} s",
                 fits,
             ]
+        name = f"{r['case']} ¹" if r.get("from_first_run") else r["case"]
         lines.append(
-            f"| {r['case']} | {r['workload']} {r['precision'] or r['dtype']} | "
+            f"| {name} | {r['workload']} {r['precision'] or r['dtype']} | "
             + " | ".join(cells)
             + " |"
         )
