@@ -38,6 +38,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.untraced",
         "tuner.estimation.stand_ins",
         "tuner.estimation.reduce_buffers",
+        "tuner.estimation.block_replay",
         "tuner.estimation.cuda_autocast",
         "tuner.estimation.cuda_attention",
         "tuner.estimation.kernel_checks",

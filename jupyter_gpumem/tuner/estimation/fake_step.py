@@ -33,6 +33,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import weakref
@@ -45,7 +46,7 @@ from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
-from jupyter_gpumem.tuner.estimation import reduce_buffers
+from jupyter_gpumem.tuner.estimation import block_replay, reduce_buffers
 from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
 from jupyter_gpumem.tuner.estimation.fake_objects import (
     Faker,
@@ -94,6 +95,7 @@ class FakeRun:
     loading: Mapping[int, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
     left_out_bytes: int = 0  # storages outside PyTorch's allocator, not in the events
     checks: tuple[str, ...] = ()  # the step's checks taken to pass (known_values), as notes
+    blocks: str = ""  # how the repeated blocks were run (block_replay), as a note
 
 
 @functools.cache
@@ -163,7 +165,44 @@ def run_fake(
     The batch is ``batch`` (real tensors, taken to be alive already) or what ``make_batch()``
     returns when called under the fake mode (allocated at the start of the run).
     Raises :class:`Unfakeable` when the step cannot run on fake tensors.
+
+    Repeated blocks are replayed (:mod:`.block_replay`) where that stands for tracing them;
+    where it cannot, or anything goes wrong while replaying, the run is made again with every
+    block traced. ``FakeRun.blocks`` says which way it went.
     """
+    run = functools.partial(
+        _run_fake, model, optimizer, loss_fn, device, config, batch=batch,
+        make_batch=make_batch, warmup=warmup, steps=steps, inference=inference, primed=primed,
+    )  # fmt: skip
+    if not block_replay.ENABLED:
+        return run(replay=False)
+    try:
+        return run(replay=True)
+    except (block_replay.ReplayFailed, _ReplayBroke) as exc:
+        found = run(replay=False)
+        return dataclasses.replace(found, blocks=f"every block traced: {exc}")
+
+
+class _ReplayBroke(Exception):
+    """The step failed while blocks were replayed: the full trace says whether it fails."""
+
+
+def _run_fake(
+    model: Any,
+    optimizer: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    device: Any,
+    config: Any,
+    *,
+    batch: Any,
+    make_batch: Callable[[], Any] | None,
+    warmup: int,
+    steps: int,
+    inference: bool,
+    primed: bool,
+    replay: bool,
+) -> FakeRun:
+    """:func:`run_fake`, with repeated blocks replayed or every block traced."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -202,6 +241,8 @@ def run_fake(
         faker.done()
         recording = recording_mode()(log)
         applied = None
+        replayer = None
+        why = ""
         storage_resizes.listen(torch, log.resized)
         try:
             with (
@@ -226,22 +267,39 @@ def run_fake(
                     foreach_as_real(torch, applied.optimizer, real_of)
                 step = _forward if inference else _step
                 warm = _primed if primed and not inference else step
-                window = _steps(
-                    torch, applied, (warm, step), loss_fn, run_batch, log, warmup, steps
-                )
+                kinds, why = block_replay.eligible(torch, applied.model, config, replay)
+                replayer = None
+                if kinds:
+                    replayer = block_replay.Replayer(torch, log, kinds, trains=not inference)
+                    if not replayer.kinds:
+                        replayer, why = None, block_replay.CHECKPOINTED
+                with replayer.installed() if replayer is not None else contextlib.nullcontext():
+                    window = _steps(
+                        torch, applied, (warm, step), loss_fn, run_batch, log, warmup, steps
+                    )
+                if replayer is not None:
+                    replayer.check()
+                    why = replayer.note()
                 for buffer in paged_state(applied.optimizer):
                     log.leave_out(buffer)
                 log.recording = False
-        except Unfakeable:
+        except block_replay.ReplayFailed:
             raise
         except Exception as exc:
+            if replayer is not None:
+                raise _ReplayBroke(
+                    f"the step failed with blocks replayed ({type(exc).__name__}: {exc})"
+                ) from exc
+            if isinstance(exc, Unfakeable):
+                raise
             raise Unfakeable(reason(exc)) from exc
         finally:
             log.recording = False
             storage_resizes.unlisten(torch, log.resized)
             if applied is not None:
                 applied.revert()
-    return dataclasses.replace(run_of(log, device, window), checks=tuple(known.checks))
+    found = run_of(log, device, window)
+    return dataclasses.replace(found, checks=tuple(known.checks), blocks=why)
 
 
 def run_of(

@@ -149,7 +149,7 @@ def estimate_workload(
         )
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)
-    notes = [*checkpoint_notes(workload.model, config), *run.checks]
+    notes = [*checkpoint_notes(workload.model, config), *run.checks, *filter(None, [run.blocks])]
     if run.left_out_bytes:
         notes.append(paged_note(run.left_out_bytes))
     if cuda:

@@ -67,6 +67,8 @@ class StorageLog:
         self.step = 0
         self.clock = 0
         self._live: dict[int, _Ref] = {}  # StorageImpl address -> its weakref
+        self._freed: set[int] = set()  # storages whose free was written early (block replay)
+        self.then_free: dict[int, list[int]] = {}  # storage -> storages freed right after it
         self._lock = threading.RLock()  # frees arrive from autograd's threads
         self._on_free_cb = self._on_free
 
@@ -189,7 +191,8 @@ class StorageLog:
     def live(self) -> dict[int, int]:
         """Storage index by StorageImpl address, for the storages alive now."""
         with self._lock:
-            return {key: ref.index for key, ref in self._live.items()}
+            freed = self._freed
+            return {key: ref.index for key, ref in self._live.items() if ref.index not in freed}
 
     def mark(self, phase: str) -> None:
         with self._lock:
@@ -212,14 +215,47 @@ class StorageLog:
                         self.communication[index] = (frame,)
             return index
 
+    def index_of(self, tensor: Any) -> int | None:
+        """The storage index of ``tensor``, if the log follows its storage."""
+        ref = self._live.get(tensor.untyped_storage()._cdata)
+        return None if ref is None else ref.index
+
+    def virtual_alloc(self, size: int) -> int:
+        """A storage no tensor holds, allocated now (a replayed block's)."""
+        with self._lock:
+            index = len(self.sizes)
+            self.sizes.append(size)
+            if self.recording and size:
+                self.clock += 1
+                self.events.append(("alloc", index, self.clock))
+            return index
+
+    def early_free(self, index: int) -> None:
+        """Storage ``index`` freed now; when a tensor still holding it dies, nothing more."""
+        with self._lock:
+            self._freed.add(index)
+            if self.recording and self.sizes[index]:
+                self.clock += 1
+                self.events.append(("free", index, self.clock))
+            self._then(index)
+
+    def _then(self, index: int) -> None:
+        for other in self.then_free.pop(index, ()):
+            if other not in self._freed:
+                self.early_free(other)
+
     def _drop(self, ref: _Ref) -> None:
         with self._lock:
             if self._live.get(ref.key) is not ref:
                 return
             del self._live[ref.key]
+            if ref.index in self._freed:
+                return
             if self.recording and ref.size:
                 self.clock += 1
                 self.events.append(("free", ref.index, self.clock))
+            if self.then_free:
+                self._then(ref.index)
 
     def _on_free(self, ref: weakref.ref[Any]) -> None:
         assert isinstance(ref, _Ref)

@@ -414,7 +414,12 @@ def _in_worker(
         return unavailable(config, card.name, str(exc), batch_size, t0)
     facts = cuda_stand_in.facts(card)
     peaks = fake_peaks.cuda_peaks(run, cuda_stand_in.fresh_layout(card), count_held=False)
-    notes = [headline(card), *caveats(torch, workload.model, config), *run.checks]
+    notes = [
+        headline(card),
+        *caveats(torch, workload.model, config),
+        *run.checks,
+        *filter(None, [run.blocks]),
+    ]
     found = from_peaks(
         peaks,
         facts,

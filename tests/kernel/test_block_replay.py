@@ -1,0 +1,112 @@
+"""Replayed blocks give the full trace's estimate, to the byte, on every family of the CPU zoo.
+
+Each case of ``bench/zoo.py`` (training, LoRA and inference rows) is built on the meta device
+at size ``"tiny"`` with six layers, so that its blocks repeat often enough to be replayed,
+and estimated on the CPU twice: with replay and with every block traced
+(``block_replay.ENABLED = False``). Every figure of the two estimates is the same. On a few
+families the techniques change: precisions, checkpointing, accumulation, offloading.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import model_zoo  # noqa: E402 (bench/ on the path first)
+import zoo  # noqa: E402
+import zoo_shapes  # noqa: E402
+
+from jupyter_gpumem.techniques import Config  # noqa: E402
+from jupyter_gpumem.tuner.estimation import block_replay  # noqa: E402
+
+LAYERS = 6
+FIELDS = ("peak_bytes", "peak_reserved_bytes", "breakdown", "phase", "most_bytes", "reason")
+TECHNIQUES = {
+    "fp32": {},
+    "bf16-autocast": {"precision": "bf16-autocast"},
+    "bf16": {"precision": "bf16"},
+    "checkpoint-all": {"checkpoint": "blocks"},
+    "checkpoint-some": {"checkpoint": "blocks", "every": 2},
+    "accumulate": {"accumulate": 2},
+    "accumulate-bf16-autocast": {"accumulate": 2, "precision": "bf16-autocast"},
+    "offload": {"offload": "blocks"},
+}
+TECHNIQUE_FAMILIES = ("llama-eager-fp32", "gpt2-fp32", "bert-fp32", "vit-bf16-autocast")
+
+
+@pytest.fixture
+def deep(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    monkeypatch.setitem(
+        zoo_shapes.LM, "tiny", {**zoo_shapes.LM["tiny"], "num_hidden_layers": LAYERS}
+    )
+
+
+def _both(case: zoo.Case, config: Any) -> tuple[Any, Any]:
+    """(the estimate with replay, the estimate with every block traced)."""
+    found = []
+    for enabled in (True, False):
+        built = case.build("meta", "tiny")
+        trial = model_zoo.trial_of(case, built, "cpu")
+        block_replay.ENABLED = enabled
+        try:
+            found.append(trial.estimate(config=config))
+        finally:
+            block_replay.ENABLED = True
+    return found[0], found[1]
+
+
+def _assert_same(replayed: Any, traced: Any) -> None:
+    for name in FIELDS:
+        assert getattr(replayed, name) == getattr(traced, name), name
+    if traced.peak_bytes is not None:  # an estimate that runs says how it ran its blocks
+        assert any("every block traced" in n for n in traced.notes), traced.notes
+
+
+def _cases(*workloads: str, only: tuple[str, ...] = ()) -> list[Any]:
+    return [
+        pytest.param(c, id=c.name, marks=pytest.mark.skipif(bool(why), reason=why or ""))
+        for c in zoo.CASES
+        if c.workload in workloads and (not only or c.name in only)
+        for why in [zoo.available(c)]
+    ]
+
+
+@pytest.mark.parametrize("case", _cases("train", "lora", "inference"))
+def test_every_family_estimates_the_same_with_blocks_replayed(deep: None, case: zoo.Case) -> None:
+    replayed, traced = _both(case, model_zoo.config_of(case))
+    _assert_same(replayed, traced)
+    if replayed.peak_bytes is not None:
+        assert any("block" in n for n in replayed.notes), replayed.notes
+
+
+@pytest.mark.parametrize("technique", list(TECHNIQUES))
+@pytest.mark.parametrize("case", _cases("train", only=TECHNIQUE_FAMILIES))
+def test_every_technique_estimates_the_same_with_blocks_replayed(
+    deep: None, case: zoo.Case, technique: str
+) -> None:
+    settings = {"precision": case.precision, **TECHNIQUES[technique]}
+    replayed, traced = _both(case, Config(**settings))
+    _assert_same(replayed, traced)
+
+
+def test_a_deep_decoder_is_replayed_and_says_so(deep: None) -> None:
+    replayed, traced = _both(zoo.case("llama-eager-fp32"), Config())
+    _assert_same(replayed, traced)
+    assert f"blocks 3-4 of {LAYERS} (LlamaDecoderLayer) replayed from block 2" in " ".join(
+        replayed.notes
+    ), replayed.notes
+
+
+def test_parallel_ranks_say_they_trace_every_block() -> None:
+    why = block_replay.eligible(torch, torch.nn.Linear(2, 2), Config(parallel="ddp", world_size=2))
+    assert why == ([], "every block traced: parallel ranks (ddp) are traced whole")
