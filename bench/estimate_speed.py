@@ -1,10 +1,10 @@
-"""How long one estimate takes on the CPU, with repeated blocks replayed and with every block traced.
+"""How long one estimate takes, with repeated blocks replayed and with every block traced.
 
-    python bench/estimate_speed.py [bench/results/estimate_speed_cpu.json]
+    python bench/estimate_speed.py [bench/results/estimate_speed_cpu.json] [--device=cuda]
 
 Models from transformers' configs on the meta device (nothing materialised), estimated with
-``device="cpu"`` in this process, each way in turn (block_replay.ENABLED), several times; the
-median is kept. The figures of the two ways (peak, reserved, breakdown, phase, most held)
+``device="cpu"`` (or the device named: ``cuda`` on a GPU machine) in this process, each way in
+turn (block_replay.ENABLED), several times; the median is kept. The figures of the two ways (peak, reserved, breakdown, phase, most held)
 must be the same: ``equal`` says whether they are.
 """
 
@@ -37,7 +37,9 @@ CASES: tuple[tuple[str, str, dict[str, Any], tuple[int, int], dict[str, Any], bo
 )  # fmt: skip
 
 
-def _trial(config_name: str, dims: dict[str, Any], batch: tuple[int, int], lora: bool) -> Any:
+def _trial(
+    config_name: str, dims: dict[str, Any], batch: tuple[int, int], lora: bool, device: str
+) -> Any:
     import torch
     import transformers
 
@@ -57,11 +59,11 @@ def _trial(config_name: str, dims: dict[str, Any], batch: tuple[int, int], lora:
     opt = torch.optim.AdamW(params, lr=1e-4)
     return Trial(
         model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt,
-        warmup=1, steps=1, device="cpu",
+        warmup=1, steps=1, device=device,
     )  # fmt: skip
 
 
-def one(case: tuple[Any, ...]) -> dict[str, Any]:
+def one(case: tuple[Any, ...], device: str) -> dict[str, Any]:
     from jupyter_gpumem.tuner.estimation import block_replay
 
     name, config_name, dims, batch, settings, lora = case
@@ -70,7 +72,7 @@ def one(case: tuple[Any, ...]) -> dict[str, Any]:
 
         if importlib.util.find_spec("peft") is None:
             return {"case": name, "skipped": "needs peft"}
-    trial = _trial(config_name, dims, batch, lora)
+    trial = _trial(config_name, dims, batch, lora, device)
     row: dict[str, Any] = {"case": name, "settings": settings, "batch": list(batch)}
     found = {}
     for enabled, key in ((True, "replayed"), (False, "traced")):
@@ -97,13 +99,16 @@ def main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/estimate_speed_cpu.json")
+    args = [a for a in sys.argv[1:] if not a.startswith("--device")]
+    device = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--device=")), "cpu")
+    out = Path(args[0] if args else "bench/results/estimate_speed_cpu.json")
     rows = []
     for case in CASES:
-        row = one(case)
+        row = one(case, device)
         print(json.dumps(row), flush=True)
         rows.append(row)
     meta = {
+        "device": device if device == "cpu" else torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

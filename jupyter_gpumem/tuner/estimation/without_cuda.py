@@ -39,7 +39,7 @@ from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tuner.estimation import cards, cuda_stand_in, fake_peaks
+from jupyter_gpumem.tuner.estimation import block_replay, cards, cuda_stand_in, fake_peaks
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
@@ -99,7 +99,8 @@ def estimate(
     why = cuda_stand_in.unavailable(torch)
     if why is not None:
         return unavailable(config, card.name, why, batch_size, t0)
-    job = (workload, config, card, batch, make_batch, batch_size, primed)
+    replay = block_replay.ENABLED  # the switch, as the worker is to see it
+    job = (workload, config, card, batch, make_batch, batch_size, primed, replay)
     found = _answer(_estimate_job, job, config, card, batch_size, t0)
     return replace(found, notes=(*found.notes, *notes))
 
@@ -148,7 +149,8 @@ def _answer(
 
 
 def _estimate_job(job: tuple[Any, ...]) -> Estimate:
-    workload, config, card, batch, make_batch, batch_size, primed = job
+    workload, config, card, batch, make_batch, batch_size, primed, replay = job
+    block_replay.ENABLED = replay
     return _in_worker(
         workload, config, card, batch, make_batch, batch_size, primed, time.perf_counter()
     )
