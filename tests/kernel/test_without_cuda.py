@@ -72,6 +72,33 @@ def _dtypes_under_autocast(_: Any) -> dict[str, str]:
     return {**{k: str(v.dtype) for k, v in out.items()}, "cached": str(cached)}
 
 
+def _silu_backward_ops(_: Any) -> list[str]:
+    """The ops a SiLU's backward reaches a dispatch mode with, on the stand-in device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    device = cuda_stand_in.device(torch)
+    seen: list[str] = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(4, 8, device=device, requires_grad=True)
+        y = torch.nn.functional.silu(x)
+        grad = torch.ones_like(y)
+        with Seen():
+            torch.autograd.grad(y, x, grad)
+    return [name for name in seen if not name.startswith(("device", "detach"))]
+
+
+def test_a_fused_cuda_kernel_runs_whole_on_the_stand_in_device() -> None:
+    """CUDA's silu_backward is one kernel; the stand-in once ran its composite (six ops)."""
+    assert without_cuda.WORKER.call(_silu_backward_ops, None) == ["silu_backward.default"]
+
+
 def test_the_stand_in_device_autocasts_as_cuda_does_not_as_the_cpu_does() -> None:
     got = without_cuda.WORKER.call(_dtypes_under_autocast, None)
     assert got == {

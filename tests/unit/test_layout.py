@@ -41,6 +41,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.block_replay",
         "tuner.estimation.cuda_autocast",
         "tuner.estimation.cuda_attention",
+        "tuner.estimation.cuda_fused",
         "tuner.estimation.kernel_checks",
     ),
     ("tuner.estimation.fake_objects",),

@@ -5,7 +5,8 @@ The estimate without CUDA runs its fake step on a device of its own instead, tor
 ``PrivateUse1`` backend registered from Python (:data:`NAME`), where torch takes the paths it
 takes for CUDA and not the CPU's: fused dropout, foreach and fused optimizer kernels, autocast's
 per-op policy (:mod:`.cuda_autocast`), scaled-dot-product attention's kernels
-(:mod:`.cuda_attention`). What the allocator does with the step's storages is modelled as on a
+(:mod:`.cuda_attention`), fused kernels where the backend would run an op's parts
+(:mod:`.cuda_fused`). What the allocator does with the step's storages is modelled as on a
 GPU (:mod:`.allocator_model`), from a fresh process's layout: the library workspaces alone
 (:data:`WORKSPACES`).
 
@@ -67,7 +68,7 @@ def device(torch: Any) -> Any:
         _setup_privateuseone_for_python_backend,
     )
 
-    from jupyter_gpumem.tuner.estimation import cuda_attention, cuda_autocast
+    from jupyter_gpumem.tuner.estimation import cuda_attention, cuda_autocast, cuda_fused
 
     class _Module(_DummyBackendModule):  # type: ignore[misc]
         def get_amp_supported_dtype(self) -> list[Any]:
@@ -80,6 +81,7 @@ def device(torch: Any) -> Any:
         _setup_privateuseone_for_python_backend(rename=NAME, backend_module=_Module())
     cache = cuda_autocast.register(torch, NAME)
     cuda_attention.register(torch, NAME)
+    cuda_fused.register(torch)
     clear = torch.clear_autocast_cache
 
     def clear_both() -> None:  # autocast's exit clears its cache: ours with it
