@@ -18,8 +18,9 @@ Every traced block's events are compared, up to renaming of storages, with those
 for; where they differ the run is made again with every block traced, and the estimate's
 notes say which way it took.
 
-Falls back to tracing every block (and says why) where: no kind has five blocks (checkpointed
-blocks are not counted: their inputs live until the whole backward ends), a block or
+Falls back to tracing every block where no kind has five blocks (silently: there is nothing
+to replay), and says why where: every kind's blocks are checkpointed (their inputs live until
+the whole backward ends), a block or
 one of its parameters has a hook, a global module hook is set, the step runs parallel ranks,
 a block's call makes a storage that outlives it and is neither its output nor freed by its
 backward, a block has more than one input or output that requires grad, or traced blocks'
@@ -96,9 +97,10 @@ def eligible(
     torch: Any, model: Any, config: Any, replay: bool = True
 ) -> tuple[list[list[Any]], str]:
     """The kinds of blocks to replay, each with at least :data:`MIN_BLOCKS` blocks; where
-    there are none, why, as the estimate's note says it."""
+    there are none for a reason the user may change (hooks, ranks, the switch), why, as the
+    estimate's note says it; a model with too few blocks alike says nothing."""
     found, why = _kinds(torch, model, config, replay)
-    return found, "" if found else f"every block traced: {why}"
+    return found, "" if found or not why else f"every block traced: {why}"
 
 
 def _kinds(torch: Any, model: Any, config: Any, replay: bool) -> tuple[list[list[Any]], str]:
@@ -124,10 +126,7 @@ def _kinds(torch: Any, model: Any, config: Any, replay: bool) -> tuple[list[list
     for m in modules:
         kinds.setdefault(_structure(torch, m), []).append(m)
     found = [ms for ms in kinds.values() if len(ms) >= MIN_BLOCKS]
-    if not found:
-        most = max((len(ms) for ms in kinds.values()), default=0)
-        return [], f"no {MIN_BLOCKS} identical blocks (at most {most} alike)"
-    return found, ""
+    return found, ""  # too few blocks alike to replay: traced, and nothing worth a note
 
 
 def _hooked(module: Any) -> str | None:
