@@ -145,7 +145,11 @@ def _gpt2(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 def _mlp(device: torch.device, quick: bool) -> dict[str, Any]:
-    width = 64 if quick else 512
+    return mlp(device, 64 if quick else 512)
+
+
+def mlp(device: torch.device, width: int) -> dict[str, Any]:
+    """The host-bound cell's namespace: 6 x Linear(width) with Adam at batch 64."""
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(6):

@@ -23,7 +23,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU event source, as on a machine without CUDA
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,7 +60,7 @@ def main() -> None:
             )
         for steps in args.steps:
             name = f"mlp{args.width}_{steps}_steps_cpu"
-            cell = scale.Cell(name, steps, lambda d: _mlp(d, args.width))
+            cell = scale.Cell(name, steps, lambda d: scale.mlp(d, args.width))
             result = asdict(bench.run(cell, args.rounds, kernel))
             s = result["summary"]
             print(
@@ -83,24 +82,6 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-
-
-def _mlp(device: torch.device, width: int) -> dict[str, Any]:
-    """``bench/scale.py``'s MLP cell at any width."""
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(64, width, device=device)
-
-    def train_step() -> None:
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return {"model": model, "opt": opt, "x": x, "train_step": train_step}
 
 
 if __name__ == "__main__":

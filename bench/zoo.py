@@ -219,6 +219,22 @@ CASES: tuple[Case, ...] = (
 GENERATE = {"tiny": (2, 16, 120), "bench": (8, 256, 128)}
 
 
+def first_of_each_family(*, generate: bool = False) -> list[Case]:
+    """The first case of each family, and with ``generate`` every ``generate`` case too (one a
+    cache): what the GPU tests run."""
+    seen: set[str] = set()
+    chosen = []
+    for c in CASES:
+        if c.workload == "generate":
+            if not generate:
+                continue
+        elif c.family in seen:
+            continue
+        seen.add(c.family)
+        chosen.append(c)
+    return chosen
+
+
 def case(name: str) -> Case:
     for c in CASES:
         if c.name == name:

@@ -28,17 +28,11 @@ FIELDS = ("peak_bytes", "peak_reserved_bytes", "breakdown", "phase", "most_bytes
 
 
 def _one_per_family() -> list[Any]:
-    seen: set[str] = set()
-    chosen = []
-    for case in zoo.CASES:
-        if case.family in seen or case.workload == "generate":
-            continue
-        seen.add(case.family)
-        why = zoo.available(case)
-        chosen.append(
-            pytest.param(case, id=case.name, marks=pytest.mark.skipif(bool(why), reason=why or ""))
-        )
-    return chosen
+    return [
+        pytest.param(c, id=c.name, marks=pytest.mark.skipif(bool(why), reason=why or ""))
+        for c in zoo.first_of_each_family(generate=False)
+        for why in [zoo.available(c)]
+    ]
 
 
 @pytest.mark.parametrize("case", _one_per_family())

@@ -25,17 +25,11 @@ SIZE = "tiny"
 
 
 def _one_per_family() -> list[Any]:
-    seen: set[str] = set()
-    chosen = []
-    for case in zoo.CASES:
-        if case.family in seen and case.workload != "generate":
-            continue
-        seen.add(case.family)
-        why = zoo.available(case)
-        chosen.append(
-            pytest.param(case, id=case.name, marks=pytest.mark.skipif(bool(why), reason=why or ""))
-        )
-    return chosen
+    return [
+        pytest.param(c, id=c.name, marks=pytest.mark.skipif(bool(why), reason=why or ""))
+        for c in zoo.first_of_each_family(generate=True)
+        for why in [zoo.available(c)]
+    ]
 
 
 @pytest.mark.parametrize("case", _one_per_family())
