@@ -21,6 +21,7 @@ from jupyter_gpumem.tuner.estimation.predict import config_of, estimate_workload
 from jupyter_gpumem.tuner.planning.anchor_memo import AnchorMemo
 from jupyter_gpumem.tuner.planning.joint import Search, search
 from jupyter_gpumem.tuner.planning.plan import Plan, plan
+from jupyter_gpumem.tuner.progress import progress_of
 from jupyter_gpumem.tuner.results import TrialResult
 from jupyter_gpumem.tuner.runner import Runner
 from jupyter_gpumem.tuner.steps import Timing
@@ -169,6 +170,7 @@ class Trial:
         parallel: str | None = None,
         world_size: int = 1,
         count_held: bool = True,
+        progress: Any = True,
     ) -> Plan:
         """The configuration with the least predicted step time that fits ``budget``.
 
@@ -178,18 +180,22 @@ class Trial:
         the budget per rank. See :mod:`jupyter_gpumem.tuner.planning.plan`;
         ``plan.verify()`` measures it. For a model on the meta device: the fewest changes
         estimated to fit, step times unknown (:mod:`jupyter_gpumem.tuner.planning.unmeasured`);
-        ``count_held`` as in :meth:`estimate`, for those estimates.
+        ``count_held`` as in :meth:`estimate`, for those estimates. ``progress``: a line of
+        what it is doing once it has run two seconds (False: none; a callable: called with
+        each step's line instead).
         """
         self._training_only("plan()")
-        return plan(
-            self,
-            budget,
-            techniques,
-            allow=allow,
-            parallel=parallel,
-            world_size=world_size,
-            count_held=count_held,
-        )
+        with progress_of(progress, "plan") as say:
+            return plan(
+                self,
+                budget,
+                techniques,
+                allow=allow,
+                parallel=parallel,
+                world_size=world_size,
+                count_held=count_held,
+                progress=say,
+            )
 
     def search(
         self,
@@ -199,22 +205,25 @@ class Trial:
         measure: bool | None = None,
         world_sizes: Sequence[int] = (1,),
         count_held: bool = True,
+        progress: Any = True,
     ) -> Search:
         """The cheapest combination of checkpointed blocks, precision, optimizer variant and
         gradient accumulation estimated within ``budget``, keeping the training math unless
         ``allow`` names "optimizer" or "pure-bf16"; with ``world_sizes`` beyond 1, DDP and
         FSDP2 on those ranks too (the budget per rank, the fewest GPUs first). See
         :mod:`jupyter_gpumem.tuner.planning.joint`; ``search.verify()`` measures the winner.
-        ``count_held`` as in :meth:`estimate`."""
+        ``count_held`` and ``progress`` as in :meth:`plan`."""
         self._training_only("search()")
-        return search(
-            self,
-            budget,
-            allow=allow,
-            measure=measure,
-            world_sizes=world_sizes,
-            count_held=count_held,
-        )
+        with progress_of(progress, "search") as say:
+            return search(
+                self,
+                budget,
+                allow=allow,
+                measure=measure,
+                world_sizes=world_sizes,
+                count_held=count_held,
+                progress=say,
+            )
 
     def estimate(
         self, batch: Any = None, *, gpu: str | None = None, count_held: bool = True, **config: Any

@@ -142,6 +142,21 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
     assert all(str(c).count("·") <= str(found.config).count("·") for c in tried)
 
 
+def test_search_and_plan_say_each_step_to_their_progress() -> None:
+    """``progress=`` a callable gets each step's line (True, the default, shows them past two
+    seconds; tests/unit/test_progress.py); a value that is neither is refused up front."""
+    trial, budget = meta_gpt()
+    said: list[str] = []
+    trial.search(budget, progress=said.append)
+    assert said and said[0].startswith("estimating ")
+    assert any(line.startswith("confirming ") for line in said), said
+    planned: list[str] = []
+    trial.plan(budget, progress=planned.append)
+    assert planned and all(line.startswith("estimating ") for line in planned), planned
+    with pytest.raises(TypeError, match="progress must be True"):
+        trial.search(budget, progress="yes")
+
+
 def test_on_more_ranks_the_fewest_gpus_that_fit_win_and_the_ranks_measure_within() -> None:
     """A model whose weights and Adam state outweigh its activations fits no single process
     below them, whatever is checkpointed or accumulated: FSDP2 on two ranks shards them."""

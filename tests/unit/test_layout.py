@@ -30,7 +30,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("report.build", "report"),
     ("held.ipython_refs", "held", "logbook.", "workers."),
     ("session",),
-    ("tuner.rng", "tuner.workload"),
+    ("tuner.rng", "tuner.workload", "tuner.progress"),
     ("tuner.estimation.unfakeable",),
     ("tuner.estimation.storage_log", "tuner.estimation.search", "tuner.estimation.known_values"),
     (
