@@ -2,7 +2,7 @@
 
 ``trial.search()`` and ``trial.plan()`` estimate, time and measure one configuration after
 another. Past :data:`DELAY_S` a line says how long the call has run, how many of its steps are
-done and which one runs now ("search: 14 s, 23 done; estimating bf16-autocast ..."): under the
+done and which one runs now ("search: 14 s, 23 done; estimating ckpt 12 modules · bf16-autocast"): under the
 cell in a notebook (an IPython display that is updated in place, so Jupyter, VS Code and Colab
 all show it, widgets or not), on the terminal's last line where stderr is one, nowhere else.
 A call that returns within the delay shows nothing.
