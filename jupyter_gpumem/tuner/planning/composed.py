@@ -282,20 +282,26 @@ def ranked(points: Sequence[Point], limit: int) -> list[Point]:
 
 def dominated(alone: Mapping[str | None, Anchor]) -> dict[str | None, str | None]:
     """The precisions another beats alone, where step times were measured: no more static or
-    dynamic bytes, no slower, and better on one of the three. Each is mapped to the one that
-    beats it. The search combines them with nothing else, the winner being smaller and faster
-    alone (a heuristic: checkpointing and micro-batches are taken to scale both alike)."""
+    dynamic bytes, no slower by more than their timings spread, and better on one of the three.
+    Each is mapped to the one that beats it. The search combines them with nothing else, the
+    winner being smaller and faster alone (a heuristic: checkpointing and micro-batches are
+    taken to scale both alike). Step times within each other's spread (a tiny model on the
+    CPU) tell neither apart, so neither is left out on their account."""
     out: dict[str | None, str | None] = {}
     for p, mine in alone.items():
         for q, theirs in alone.items():
             if q == p or mine.step_s is None or theirs.step_s is None:
                 continue
-            counts = (
+            sizes = (
                 (theirs.static_bytes, mine.static_bytes),
                 (theirs.dynamic_bytes, mine.dynamic_bytes),
-                (theirs.step_s, mine.step_s),
             )
-            if all(a <= b for a, b in counts) and any(a < b for a, b in counts):
+            noise = max(theirs.spread_s or 0.0, mine.spread_s or 0.0)
+            no_slower = (
+                theirs.step_s + noise <= mine.step_s if noise else (theirs.step_s <= mine.step_s)
+            )
+            better = any(a < b for a, b in sizes) or theirs.step_s < mine.step_s
+            if all(a <= b for a, b in sizes) and no_slower and better:
                 out[p] = q
                 break
     return out
