@@ -202,7 +202,7 @@ def buffers(
     if getattr(func, "__name__", None) not in _REDUCTIONS or not args:
         return []
     x = args[0]
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.is_complex():
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():  # complex is not floating
         return []
     sms = _multiprocessors(torch, x.device)
     if sms is None:
