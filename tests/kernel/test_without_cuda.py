@@ -329,7 +329,7 @@ def test_a_convolutional_model_is_told_what_is_not_modelled() -> None:
     )
     found = trial.estimate(gpu="H200")
     assert found.peak_bytes is not None, found.reason
-    assert any("convolution workspaces are not modelled" in n for n in found.notes)
+    assert any("convolution workspaces are not counted" in n for n in found.notes)
     model, batch, loss = _mlp()
     plain = Trial(model, batch, loss, optimizer=torch.optim.SGD(model.parameters()), device="cpu")
     assert not any("convolution" in n for n in plain.estimate(gpu="H200").notes)

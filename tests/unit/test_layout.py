@@ -33,7 +33,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.rng", "tuner.workload", "tuner.progress"),
     ("tuner.estimation.unfakeable",),
     ("tuner.estimation.storage_log", "tuner.estimation.search", "tuner.estimation.known_values"),
+    ("tuner.estimation.cuda_like", "tuner.estimation.worker_process"),
     (
+        "tuner.estimation.kernel_temporaries",
+        "tuner.estimation.conv_workspaces",
         "tuner.estimation.quantized",
         "tuner.estimation.untraced",
         "tuner.estimation.stand_ins",

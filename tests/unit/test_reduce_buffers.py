@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jupyter_gpumem.tuner.estimation import reduce_buffers  # noqa: E402
+from jupyter_gpumem.tuner.estimation import cuda_like  # noqa: E402
+from jupyter_gpumem.tuner.estimation.cuda_like import Multiprocessors  # noqa: E402
 from jupyter_gpumem.tuner.estimation.reduce_buffers import (  # noqa: E402
     Iteration,
-    Multiprocessors,
     buffers,
     global_buffers,
     iteration,
@@ -75,7 +75,7 @@ def test_the_fake_step_gets_them_for_sums_and_means_on_an_aimed_device() -> None
     x = torch.empty(25088, 768, dtype=torch.bfloat16, device="meta")
     sum_dim, mean = torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.dim
     assert buffers(torch, sum_dim, (x, [0]), {}) == []  # meta is no CUDA device
-    reduce_buffers.aim("meta", H200)
+    cuda_like.aim("meta", H200)
     try:
         made = buffers(torch, sum_dim, (x, [0]), {})
         assert [t.nbytes for t in made] == [138_412_032, 24]
@@ -85,4 +85,4 @@ def test_the_fake_step_gets_them_for_sums_and_means_on_an_aimed_device() -> None
         assert buffers(torch, sum_dim, (x.long(), [0]), {}) == []  # integers: not modelled
         assert buffers(torch, sum_dim, (x, [1]), {}) == []  # rows of 768: within a block
     finally:
-        reduce_buffers._AIMED.pop("meta")
+        cuda_like._AIMED.pop("meta")

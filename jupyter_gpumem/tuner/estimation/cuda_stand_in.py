@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_gpumem.records import ALLOCATED, BlockState, SegmentState
-from jupyter_gpumem.tuner.estimation import cards, reduce_buffers
+from jupyter_gpumem.tuner.estimation import cards, cuda_like
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_peaks import DeviceFacts, WorkspaceBlock
 
@@ -94,8 +94,8 @@ def device(torch: Any) -> Any:
 
 def aim(card: cards.Card) -> None:
     """The stand-in device's kernels behave as ``card``'s (its reductions' staging buffers)."""
-    reduce_buffers.aim(
-        NAME, reduce_buffers.Multiprocessors(card.multiprocessors, card.threads_per_multiprocessor)
+    cuda_like.aim(
+        NAME, cuda_like.Multiprocessors(card.multiprocessors, card.threads_per_multiprocessor)
     )
 
 

@@ -21,9 +21,10 @@ CUDA, Python, NumPy) are as they were.
 
 Known limitations:
 - Memory a kernel allocates for itself without an op is not seen, except where a module
-  models it (:mod:`.reduce_buffers`: reductions' staging buffers; :mod:`.stand_ins`: grouped
-  GEMMs'); cuDNN's and attention's workspaces are not, cuBLAS's the estimate measures once
-  per device.
+  models it (:mod:`.reduce_buffers`: reductions' staging buffers; :mod:`.kernel_temporaries`:
+  ATen ops inside kernels; :mod:`.stand_ins`: grouped GEMMs'; :mod:`.conv_workspaces`:
+  cuDNN's, probed on the GPU); attention's workspaces are not, cuBLAS's the estimate measures
+  once per device.
 - Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
   whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
   ``torch.compile``d modules cannot run; :class:`Unfakeable` says which, and the line that
@@ -46,7 +47,12 @@ from jupyter_gpumem.tracking import storage_resizes
 from jupyter_gpumem.tracking.composites import is_composite, run_as_parts
 from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
-from jupyter_gpumem.tuner.estimation import block_replay, reduce_buffers
+from jupyter_gpumem.tuner.estimation import (
+    block_replay,
+    conv_workspaces,
+    kernel_temporaries,
+    reduce_buffers,
+)
 from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
 from jupyter_gpumem.tuner.estimation.fake_objects import (
     Faker,
@@ -96,6 +102,7 @@ class FakeRun:
     left_out_bytes: int = 0  # storages outside PyTorch's allocator, not in the events
     checks: tuple[str, ...] = ()  # the step's checks taken to pass (known_values), as notes
     blocks: str = ""  # how the repeated blocks were run (block_replay), as a note
+    kernels: tuple[str, ...] = ()  # where the kernels' own memory came from, as notes
 
 
 @functools.cache
@@ -108,6 +115,7 @@ def recording_mode() -> type:
         def __init__(self, log: StorageLog) -> None:
             super().__init__()
             self.log = log
+            self.convolutions = conv_workspaces.Tally()
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
@@ -131,8 +139,12 @@ def recording_mode() -> type:
                 self.log.record(buffer, (), {})
             out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
             self.log.record(out, args, kwargs)
-            staging = reduce_buffers.buffers(torch, func, args, kwargs)  # after the output
-            for buffer in staging:  # freed as the kernel's launch returns
+            staging = [  # after the output
+                *reduce_buffers.buffers(torch, func, args, kwargs),
+                *kernel_temporaries.temporaries(torch, func, args, kwargs),
+                *conv_workspaces.buffers(torch, func, args, kwargs, self.convolutions),
+            ]
+            for buffer in staging:  # freed as the kernel returns
                 self.log.record(buffer, (), {})
             return out
 
@@ -299,7 +311,8 @@ def _run_fake(
             if applied is not None:
                 applied.revert()
     found = run_of(log, device, window)
-    return dataclasses.replace(found, checks=tuple(known.checks), blocks=why)
+    kernels = tuple(filter(None, [recording.convolutions.note()]))
+    return dataclasses.replace(found, checks=tuple(known.checks), blocks=why, kernels=kernels)
 
 
 def run_of(

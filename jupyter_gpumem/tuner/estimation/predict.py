@@ -149,7 +149,12 @@ def estimate_workload(
         )
     except Unfakeable as exc:
         return unavailable(config, device, str(exc), batch_size, t0)
-    notes = [*checkpoint_notes(workload.model, config), *run.checks, *filter(None, [run.blocks])]
+    notes = [
+        *checkpoint_notes(workload.model, config),
+        *run.checks,
+        *filter(None, [run.blocks]),
+        *run.kernels,
+    ]
     if run.left_out_bytes:
         notes.append(paged_note(run.left_out_bytes))
     if cuda:

@@ -136,7 +136,7 @@ def _ranks(
                 )
             )
             return out
-        notes: list[str] = list(run.checks)
+        notes: list[str] = [*run.checks, *run.kernels]
         if cuda:
             segments, foreign = (
                 fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())

@@ -17,7 +17,7 @@ op ran beyond what it held before and after (``bench/op_transients.py``): a (250
 (32, 28, 28, 192) fp32 sum over its first three dimensions 38,535,168 B plus its semaphores.
 
 The sizes are pure (:func:`iteration`, :func:`global_buffers`); :func:`buffers` makes them,
-fake, for an op of the fake step on CUDA or on the stand-in device (:func:`aim`).
+fake, for an op of the fake step on CUDA or on the stand-in device (:mod:`.cuda_like`).
 
 Known limitations:
 - ``sum`` and ``mean`` only; other reductions (``amax``, ``var``, ``norm``, ...) share the
@@ -30,10 +30,11 @@ Known limitations:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from jupyter_gpumem.tuner.estimation.cuda_like import Multiprocessors, multiprocessors
 
 WARP = 32
 MAX_THREADS = 512  # mnt_wrapper's, every type but complex double
@@ -41,14 +42,6 @@ VECTOR = 4  # ReduceConfig::input_vec_size, and the widest output vector
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Multiprocessors:
-    """What the reduction kernel reads of the device: its multiprocessors and their threads."""
-
-    count: int
-    threads_each: int
 
 
 @dataclass(frozen=True)
@@ -185,13 +178,6 @@ def global_buffers(
 
 # -- the ops ------------------------------------------------------------------------------------
 _REDUCTIONS = frozenset({"sum.dim_IntList", "sum.default", "mean.dim", "mean.default"})
-_AIMED: dict[str, Multiprocessors] = {}  # a stand-in device's type -> the card's it stands for
-
-
-def aim(device_type: str, multiprocessors: Multiprocessors) -> None:
-    """Reductions on devices of ``device_type`` (a stand-in for CUDA) size their buffers for a
-    card of ``multiprocessors``."""
-    _AIMED[device_type] = multiprocessors
 
 
 def buffers(
@@ -204,7 +190,7 @@ def buffers(
     x = args[0]
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():  # complex is not floating
         return []
-    sms = _multiprocessors(torch, x.device)
+    sms = multiprocessors(torch, x.device)
     if sms is None:
         return []
     dims: Any = None  # every dimension
@@ -223,15 +209,3 @@ def buffers(
     if found is None:
         return []
     return [torch.empty(n, dtype=torch.uint8, device=x.device) for n in found]
-
-
-def _multiprocessors(torch: Any, device: Any) -> Multiprocessors | None:
-    if device.type == "cuda":
-        return _cuda_multiprocessors(torch, device.index or 0)
-    return _AIMED.get(device.type)
-
-
-@functools.cache
-def _cuda_multiprocessors(torch: Any, index: int) -> Multiprocessors:
-    props = torch.cuda.get_device_properties(index)
-    return Multiprocessors(props.multi_processor_count, props.max_threads_per_multi_processor)

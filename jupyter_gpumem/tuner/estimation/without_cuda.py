@@ -13,8 +13,8 @@ Known limitations:
 - No GPU is asked about: the card's capacity, workspaces and CUDA context come from tables
   (:mod:`.cards`, :mod:`.cuda_stand_in`), and what the process already holds on a GPU is none.
 - Ops that branch on ``device.type == "cuda"`` in the user's or a library's Python code take
-  their other branch; kernels that allocate for themselves (cuDNN's convolution workspaces) are
-  not modelled.
+  their other branch; cuDNN's convolution workspaces, which an estimate on the GPU measures
+  there (:mod:`.conv_workspaces`), are not counted.
 - The worker's first job imports torch and the model's libraries (seconds); later ones do
   not. What cannot be pickled (a loss function holding an open file) cannot travel, and the
   estimate says so.
@@ -22,19 +22,10 @@ Known limitations:
 
 from __future__ import annotations
 
-import io
-import os
-import pickle
-import socket
-import subprocess
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from multiprocessing.connection import Connection
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
@@ -44,6 +35,7 @@ from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unava
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+from jupyter_gpumem.tuner.estimation.worker_process import Worker
 from jupyter_gpumem.tuner.workload import Workload
 
 DEFAULT_CARD = "H100-80GB"  # the card of device="cuda" without gpu=, on a torch without CUDA
@@ -188,8 +180,9 @@ def caveats(torch: Any, model: Any, config: Config) -> list[str]:
     convolutions = (torch.nn.modules.conv._ConvNd,)
     if any(isinstance(m, convolutions) for m in model.modules()):
         notes.append(
-            "cuDNN's convolution workspaces are not modelled (nor on a GPU): on an H200 the "
-            "reserved peak of convolutional models ran up to 9% above the estimate (ResNet-50)"
+            "cuDNN's convolution workspaces are not counted (an estimate on the GPU measures "
+            "them): on an H200 they took the reserved peak of convolutional models up to 9% "
+            "above an estimate without them (ResNet-50)"
         )
     unlisted = cuda_autocast.unlisted(torch)
     if unlisted and config.precision in ("bf16-autocast", "fp16-autocast"):
@@ -248,130 +241,15 @@ def _compiles_as_on_cuda(torch: Any) -> Iterator[None]:
         GenerationMixin._valid_auto_compile_criteria = original  # type: ignore[method-assign]
 
 
-class Worker:
-    """One process, started on first use and kept, that runs jobs on the stand-in device.
-
-    It is a new interpreter, not a fork: autograd sizes its device queues once per process, at
-    its first backward, so the device must be registered before any backward runs there; and
-    it imports nothing of the caller's ``__main__``. A job travels over a socket pickled by
-    value (cloudpickle), every tensor as its layout alone (a meta tensor of the same storage),
-    so a model's weights are never copied.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: Any = None
-        self._conn: Any = None
-
-    def call(self, work: Callable[[Any], Any], job: Any) -> Any:
-        """``work(job)`` in the worker; a string says why it failed."""
-        with self._lock:
-            payload = layouts(job)
-            if not self.alive():
-                self.stop()
-                try:
-                    self._start()
-                except (OSError, ValueError) as exc:  # no socket pair or fd passing here
-                    return f"the estimate's process could not start ({exc})"
-            try:
-                self._conn.send_bytes(pickle.dumps(sys.path))  # modules imported since
-                self._conn.send_bytes(layouts(work))
-                self._conn.send_bytes(payload)
-                answer = self._conn.recv_bytes()
-            except (EOFError, OSError):
-                code = self._process.poll() if self._process is not None else None
-                self.stop()
-                return f"the estimate's process ended without an answer (exit code {code})"
-        status, value = pickle.loads(answer)
-        return value if status == "ok" else str(value)
-
-    def _start(self) -> None:
-        ours, theirs = socket.socketpair()
-        code = f"from {__name__} import serve; serve({theirs.fileno()})"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=env
-        )
-        theirs.close()
-        self._conn = Connection(ours.detach())
-
-    def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def stop(self) -> None:
-        """End the worker (the next call starts another)."""
-        if self.alive():
-            self._process.kill()
-            self._process.wait()
-        if self._conn is not None:
-            self._conn.close()
-        self._process = self._conn = None
-
-
-WORKER = Worker()
-
-
-def layouts(obj: Any) -> bytes:
-    """``obj`` pickled by value (cloudpickle), each tensor storage as its size alone."""
-    import cloudpickle
+def prepare() -> None:
+    """The worker's first act: the stand-in device registered, before any backward runs
+    (autograd sizes its device queues once per process, at its first backward)."""
     import torch
 
-    seen: dict[int, int] = {}
-
-    class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # untyped base
-        def persistent_id(self, o: Any) -> Any:
-            if isinstance(o, torch.storage.TypedStorage):
-                untyped, dtype = o._untyped_storage, o.dtype
-            elif isinstance(o, torch.UntypedStorage):
-                untyped, dtype = o, None
-            else:
-                return None
-            key = seen.setdefault(untyped._cdata, len(seen))  # one storage, however many views
-            return ("storage", key, dtype, untyped.nbytes())
-
-    out = io.BytesIO()
-    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return out.getvalue()
-
-
-def from_layouts(data: bytes) -> Any:
-    """What :func:`layouts` pickled, every storage on the meta device."""
-    import torch
-
-    made: dict[int, Any] = {}
-
-    class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid: Any) -> Any:
-            _, key, dtype, nbytes = pid
-            if key not in made:
-                made[key] = torch.UntypedStorage(nbytes, device="meta")
-            if dtype is None:
-                return made[key]
-            return torch.storage.TypedStorage(wrap_storage=made[key], dtype=dtype, _internal=True)
-
-    return _Unpickler(io.BytesIO(data)).load()
-
-
-def serve(fd: int) -> None:
-    """The worker's loop on the socket ``fd``: the stand-in device registered first, then one
-    job after another."""
-    import torch
-
-    conn = Connection(fd)
     cuda_stand_in.device(torch)
-    while True:
-        try:
-            path, work_bytes, job_bytes = conn.recv_bytes(), conn.recv_bytes(), conn.recv_bytes()
-        except EOFError:
-            return
-        sys.path[:] = [*sys.path, *(p for p in pickle.loads(path) if p not in sys.path)]
-        try:
-            work = pickle.loads(work_bytes)
-            answer = pickle.dumps(("ok", work(from_layouts(job_bytes))))
-        except BaseException as exc:  # every failure goes back as the reason
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            answer = pickle.dumps(("failed", detail))
-        conn.send_bytes(answer)
+
+
+WORKER = Worker(prepare=f"{__name__}:prepare")
 
 
 def _in_worker(
