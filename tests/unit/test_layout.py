@@ -36,7 +36,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.cuda_like", "tuner.estimation.worker_process"),
     (
         "tuner.estimation.kernel_temporaries",
-        "tuner.estimation.conv_workspaces",
+        "tuner.estimation.workspace_probes",
         "tuner.estimation.quantized",
         "tuner.estimation.untraced",
         "tuner.estimation.stand_ins",

@@ -22,9 +22,9 @@ CUDA, Python, NumPy) are as they were.
 Known limitations:
 - Memory a kernel allocates for itself without an op is not seen, except where a module
   models it (:mod:`.reduce_buffers`: reductions' staging buffers; :mod:`.kernel_temporaries`:
-  ATen ops inside kernels; :mod:`.stand_ins`: grouped GEMMs'; :mod:`.conv_workspaces`:
-  cuDNN's, probed on the GPU); attention's workspaces are not, cuBLAS's the estimate measures
-  once per device.
+  ATen ops inside kernels; :mod:`.stand_ins`: grouped GEMMs'; :mod:`.workspace_probes`:
+  cuDNN's and the attention kernels', probed on the GPU); cuBLAS's the estimate measures once
+  per device.
 - Steps that read values (``.item()``, ``bool(t)``, fp16 loss scaling's overflow check), ops
   whose output shape depends on values (``nonzero``), custom ops without a fake kernel and
   ``torch.compile``d modules cannot run; :class:`Unfakeable` says which, and the line that
@@ -49,9 +49,9 @@ from jupyter_gpumem.tracking.dispatch import plain_tensors
 from jupyter_gpumem.tracking.namespace import walk
 from jupyter_gpumem.tuner.estimation import (
     block_replay,
-    conv_workspaces,
     kernel_temporaries,
     reduce_buffers,
+    workspace_probes,
 )
 from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
 from jupyter_gpumem.tuner.estimation.fake_objects import (
@@ -115,7 +115,7 @@ def recording_mode() -> type:
         def __init__(self, log: StorageLog) -> None:
             super().__init__()
             self.log = log
-            self.convolutions = conv_workspaces.Tally()
+            self.probed = workspace_probes.Tally()
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
@@ -138,11 +138,16 @@ def recording_mode() -> type:
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
             out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
-            self.log.record(out, args, kwargs)
+
+            def record(t: Any) -> None:
+                self.log.record(t, args, kwargs)
+
+            # a convolution's or attention's outputs and workspaces as the GPU allocated them
+            if not workspace_probes.recorded(torch, func, args, kwargs, out, record, self.probed):
+                record(out)
             staging = [  # after the output
                 *reduce_buffers.buffers(torch, func, args, kwargs),
                 *kernel_temporaries.temporaries(torch, func, args, kwargs),
-                *conv_workspaces.buffers(torch, func, args, kwargs, self.convolutions),
             ]
             for buffer in staging:  # freed as the kernel returns
                 self.log.record(buffer, (), {})
@@ -311,7 +316,7 @@ def _run_fake(
             if applied is not None:
                 applied.revert()
     found = run_of(log, device, window)
-    kernels = tuple(filter(None, [recording.convolutions.note()]))
+    kernels = tuple(filter(None, [recording.probed.note()]))
     return dataclasses.replace(found, checks=tuple(known.checks), blocks=why, kernels=kernels)
 
 

@@ -15,6 +15,7 @@ as on CUDA.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,10 +27,24 @@ def temporaries(
 ) -> list[Any]:
     """What ``func``'s CUDA kernel allocates after its output and frees before it returns,
     made (fake) in that order; none for other ops and devices."""
+    return [
+        torch.empty(shape, dtype=dtype, device=args[0].device)
+        for shape, dtype in _layouts(torch, func, args)
+    ]
+
+
+def sizes(
+    torch: Any, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> tuple[int, ...]:
+    """The bytes of each tensor :func:`temporaries` makes, in order."""
+    return tuple(math.prod(shape) * dtype.itemsize for shape, dtype in _layouts(torch, func, args))
+
+
+def _layouts(torch: Any, func: Any, args: tuple[Any, ...]) -> list[tuple[Any, Any]]:
+    """(shape, dtype) of each temporary of ``func``'s kernel on CUDA."""
     if getattr(func, "__name__", None) != "_softmax_backward_data.default" or len(args) < 2:
         return []
     grad, output = args[0], args[1]
     if multiprocessors(torch, grad.device) is None:
         return []
-    dtype = torch.promote_types(grad.dtype, output.dtype)
-    return [torch.empty(grad.shape, dtype=dtype, device=grad.device)]
+    return [(tuple(grad.shape), torch.promote_types(grad.dtype, output.dtype))]

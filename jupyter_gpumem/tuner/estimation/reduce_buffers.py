@@ -185,14 +185,23 @@ def buffers(
 ) -> list[Any]:
     """The buffers ``func``'s CUDA reduction kernel allocates after its output, made (fake) in
     that order; none for other ops and devices."""
+    found = sizes(torch, func, args, kwargs)
+    return [torch.empty(n, dtype=torch.uint8, device=args[0].device) for n in found]
+
+
+def sizes(
+    torch: Any, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> tuple[int, ...]:
+    """The bytes of each buffer :func:`buffers` makes, in order; none for other ops and
+    devices."""
     if getattr(func, "__name__", None) not in _REDUCTIONS or not args:
-        return []
+        return ()
     x = args[0]
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():  # complex is not floating
-        return []
+        return ()
     sms = multiprocessors(torch, x.device)
     if sms is None:
-        return []
+        return ()
     dims: Any = None  # every dimension
     if func.__name__ in ("sum.dim_IntList", "mean.dim"):
         dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
@@ -206,6 +215,4 @@ def buffers(
         sms,
         x.storage_offset(),
     )
-    if found is None:
-        return []
-    return [torch.empty(n, dtype=torch.uint8, device=x.device) for n in found]
+    return () if found is None else tuple(found)

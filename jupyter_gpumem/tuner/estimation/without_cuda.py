@@ -13,8 +13,8 @@ Known limitations:
 - No GPU is asked about: the card's capacity, workspaces and CUDA context come from tables
   (:mod:`.cards`, :mod:`.cuda_stand_in`), and what the process already holds on a GPU is none.
 - Ops that branch on ``device.type == "cuda"`` in the user's or a library's Python code take
-  their other branch; cuDNN's convolution workspaces, which an estimate on the GPU measures
-  there (:mod:`.conv_workspaces`), are not counted.
+  their other branch; cuDNN's and the attention kernels' workspaces, which an estimate on the GPU measures
+  there (:mod:`.workspace_probes`), are not counted.
 - The worker's first job imports torch and the model's libraries (seconds); later ones do
   not. What cannot be pickled (a loss function holding an open file) cannot travel, and the
   estimate says so.

@@ -2,7 +2,7 @@
 
 An estimate runs work apart from the kernel where doing it in the kernel would change the
 kernel for good (the stand-in device of :mod:`.without_cuda`) or touch the user's GPU memory
-(the convolution probes of :mod:`.conv_workspaces`). :class:`Worker` is that process: a new
+(the convolution probes of :mod:`.workspace_probes`). :class:`Worker` is that process: a new
 interpreter, not a fork, which imports nothing of the caller's ``__main__``. A job travels
 pickled by value (cloudpickle), every tensor as its layout alone (a meta tensor of the same
 storage), so a model's weights are never copied.
