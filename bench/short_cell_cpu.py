@@ -9,7 +9,9 @@ backward, optimizer step, zero_grad), run for 200 steps and for 2000, plain and 
 included; figures are medians over rounds, and ``whole_overhead`` the median of the adjacent
 runs' ratios (see ``bench/scale.py``). ``--kernel lived-in`` first fills the namespace as
 ``bench/scale.py``'s lived-in kernel does, with its three models: 20,000 live tensors, three
-models with AdamW state, 2,000,000 small dicts and a 5,000,000-row DataFrame.
+models with AdamW state, 2,000,000 small dicts and a 5,000,000-row DataFrame. ``--update
+by-hand`` trains the same MLP as plain tensors with a hand-written SGD update instead: a cell
+that steps no optimizer and calls no module, whose steps are its loop's iterations.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main() -> None:
     parser.add_argument(
         "--width", type=int, default=512, help="of each Linear (64: a cell of 1 ms steps)"
     )
+    parser.add_argument("--update", choices=("adam", "by-hand"), default="adam")
     args = parser.parse_args()
     device = torch.device("cpu")
     bench = scale.Bench(device)
@@ -59,8 +62,10 @@ def main() -> None:
                 flush=True,
             )
         for steps in args.steps:
-            name = f"mlp{args.width}_{steps}_steps_cpu"
-            cell = scale.Cell(name, steps, lambda d: scale.mlp(d, args.width))
+            by_hand = args.update == "by-hand"
+            name = f"mlp{args.width}{'_by_hand' if by_hand else ''}_{steps}_steps_cpu"
+            build = (lambda d: mlp_by_hand(d, args.width)) if by_hand else (lambda d: scale.mlp(d, args.width))  # fmt: skip
+            cell = scale.Cell(name, steps, build)
             result = asdict(bench.run(cell, args.rounds, kernel))
             s = result["summary"]
             print(
@@ -77,11 +82,33 @@ def main() -> None:
         "device": platform.processor() or "cpu",
         "cpu_threads": torch.get_num_threads(),
         "width": args.width,
+        "update": args.update,
         "rounds": args.rounds,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
+
+
+def mlp_by_hand(device: torch.device, width: int) -> dict[str, object]:
+    """The MLP cell as plain tensors and a hand-written SGD update: no optimizer, no module."""
+    torch.manual_seed(0)
+    weights = [
+        (torch.randn(width, width, device=device) / width**0.5).requires_grad_() for _ in range(6)
+    ]
+    x = torch.randn(64, width, device=device)
+
+    def train_step() -> None:
+        h = x
+        for w in weights:
+            h = torch.relu(h @ w)
+        h.pow(2).mean().backward()
+        with torch.no_grad():
+            for w in weights:
+                w -= 1e-3 * w.grad
+                w.grad = None
+
+    return {"weights": weights, "x": x, "train_step": train_step}
 
 
 if __name__ == "__main__":

@@ -307,6 +307,8 @@ class CellRecording:
     ] = ()  # (address, bytes) of CPU storages alive at the start
     cpu_detail_until_us: int | None = None  # when the CPU source stepped aside, if it did
     cpu_detail_steps: int | None = None  # the loop steps recorded before it stepped aside
+    # iterations of the cell's own loop recorded, where it stepped aside at its header
+    cpu_detail_iterations: int | None = None
     steps: int = 0  # loop steps the cell ran (optimizer steps, else root-module forwards)
     calls: tuple[ModuleCall, ...] = ()  # the module calls tags and scope marks point into
     scope_marks: tuple[ScopeMark, ...] = ()  # in time order

@@ -262,12 +262,22 @@ def _cpu_device(
         if timeline is not None:
             timeline = extended(timeline, rec.wall_s, after)
         found = replace(found, tensors=listed, timeline=timeline)
-        part = (
-            f"the first {detailed} of {rec.steps} steps (the first {format_seconds(until_s)})"
-            if detailed
-            else f"the first {format_seconds(until_s)} of {format_seconds(rec.wall_s)}, up to a "
-            "statement of the cell (it counts no optimizer steps or model calls)"
-        )
+        iterations = rec.cpu_detail_iterations
+        if detailed:
+            part = (
+                f"the first {detailed} of {rec.steps} steps (the first {format_seconds(until_s)})"
+            )
+        elif iterations:
+            part = (
+                f"the first {iterations} iterations of the cell's loop (the first "
+                f"{format_seconds(until_s)} of {format_seconds(rec.wall_s)}; it counts no "
+                "optimizer steps or model calls)"
+            )
+        else:
+            part = (
+                f"the first {format_seconds(until_s)} of {format_seconds(rec.wall_s)}, up to a "
+                "statement of the cell (it counts no optimizer steps or model calls)"
+            )
         notes.append(
             f"tensor allocations recorded in detail for {part}; the CPU keeps no peak counters "
             "to follow the rest, which is taken to repeat it: the figures after the cell "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import linecache
 import logging
 import sys
 import time
@@ -72,6 +73,7 @@ class Recorder:
         self._cpu_start: tuple[tuple[int, int], ...] = ()
         self._cpu_until_us: int | None = None
         self._cpu_until_step: int | None = None
+        self._cpu_until_iterations: int | None = None
         self._notes: list[str] = []
         self._t0 = 0.0
         self._started_at = 0.0
@@ -84,6 +86,7 @@ class Recorder:
         self._next_statement: Any = (
             None  # safe_point.NextStatement, while the CPU source may step aside
         )
+        self._loop_watch: Any = None  # loop_iterations.LoopWatch, while it counts a loop
         self._session_ended = False
 
     def start(self) -> None:
@@ -104,6 +107,9 @@ class Recorder:
         self._end_session()
 
     def _uninstall(self) -> None:
+        if self._loop_watch is not None:
+            self._loop_watch.stop()
+            self._loop_watch = None  # it holds this recorder: no cycle left behind
         if self._next_statement is not None:
             self._next_statement.disarm()
             self._next_statement = None  # it holds this recorder: no cycle left behind
@@ -230,6 +236,7 @@ class Recorder:
             cpu_start=self._cpu_start,
             cpu_detail_until_us=self._cpu_until_us,
             cpu_detail_steps=self._cpu_until_step,
+            cpu_detail_iterations=self._cpu_until_iterations,
             steps=steps,
             calls=calls,
             scope_marks=scope_marks,
@@ -281,22 +288,43 @@ class Recorder:
 
     # -- a CPU cell without steps ----------------------------------------------------
     def _limit_cpu_detail(self) -> None:
-        """A CPU cell that counts no steps is recorded in detail for ``CPU_DETAIL_S`` only."""
+        """A CPU cell that counts no steps is recorded in detail for its top-level loop's
+        first ``DETAIL_STEPS`` iterations, or for ``CPU_DETAIL_S`` where it has none."""
         from jupyter_gpumem.tracking.dispatch import is_library_file
+        from jupyter_gpumem.tracking.loop_iterations import LoopWatch, outer_loops
         from jupyter_gpumem.tracking.safe_point import NextStatement
 
         assert self.cell_filename is not None
         self._next_statement = NextStatement(
             self.cell_filename, self._cpu_step_aside, is_library_file
         )
+        source = "".join(linecache.getlines(self.cell_filename))
+        self._loop_watch = LoopWatch(
+            self.cell_filename, outer_loops(source), self._cpu_iterated
+        )
+        self._loop_watch.start()
         self._cpu.deadline_us = time.time_ns() // 1000 + int(CPU_DETAIL_S * 1e6)
         self._cpu.on_deadline = self._cpu_deadline
+
+    def _cpu_iterated(self, iterations: int) -> bool:
+        """At the header of the cell's loop, ``iterations`` done; True once stepped aside (or
+        no longer due)."""
+        schedule = self._schedule
+        if schedule is None or schedule.position or not self._detailed:
+            return True  # steps are being counted: the schedule decides
+        if iterations < DETAIL_STEPS or not self._cpu_step_aside():
+            return False
+        if not self._detailed:  # stepped aside here
+            self._cpu_until_iterations = iterations
+        return True
 
     def _cpu_deadline(self) -> None:
         """From inside an op: past the detail budget, step aside at the cell's next statement."""
         schedule = self._schedule
         if schedule is None or schedule.position or not self._detailed:
             return  # steps are being counted: the schedule decides
+        if self._loop_watch is not None:
+            self._loop_watch.stop()  # the next statement takes over the thread's trace
         self._guarded("CPU tensor source", self._next_statement.arm)
 
     def _cpu_step_aside(self) -> bool:

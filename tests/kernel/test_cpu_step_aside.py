@@ -1,8 +1,10 @@
 """A CPU cell that counts no steps is recorded in detail for a while, then steps aside.
 
 Loops of plain tensor ops with a hand-written update (makemore-style) have no optimizer
-step or model call to count: the CPU source steps aside at a statement of the cell's own
-code once ``CPU_DETAIL_S`` has passed, and the report still covers the whole cell.
+step or model call to count: the CPU source steps aside at the header of the cell's own
+outermost loop after its first ``DETAIL_STEPS`` iterations, or, where the cell has no loop of
+its own, at a statement of its own code once ``CPU_DETAIL_S`` has passed; the report still
+covers the whole cell.
 """
 
 from __future__ import annotations
@@ -59,13 +61,54 @@ def test_a_loop_without_steps_steps_aside_and_is_reported_whole(
     assert where["losses[39]"] == "outside the recorded part"
 
 
-def test_a_short_cell_is_recorded_whole(shell: InteractiveShell) -> None:
+def test_a_loop_steps_aside_after_its_first_iterations(shell: InteractiveShell) -> None:
     shell.run_cell(SETUP)
     assert shell.run_cell(LOOP).success
     r = shell.user_ns["r"]
-    assert not any("recorded in detail" in n for n in r.notes), r.notes
+    assert any("the first 3 iterations of the cell's loop" in n for n in r.notes), r.notes
+    assert sys.gettrace() is None
+    assert shell.run_cell("%%gpumem -o nxt --quiet\ny = 1").success
+    assert r.allocated_after_bytes == shell.user_ns["nxt"].allocated_before_bytes
     where = {t.name: t.line for t in r.tensors if t.alive}
-    assert where["losses[39]"] == "cell line 4"  # loss, which it detaches
+    assert [where[f"losses[{i}]"] for i in range(3)] == ["cell line 4"] * 3  # loss, detached
+    assert where["losses[39]"] == "outside the recorded part"
+
+
+def test_an_outer_loops_iterations_are_counted_not_its_inner_loops(
+    shell: InteractiveShell,
+) -> None:
+    shell.run_cell(SETUP)
+    body = """%%gpumem -o r --quiet --top 100
+losses = []
+with torch.enable_grad():
+    for i in range(12):
+        for _ in range(5):  # an inner loop: five returns to its header each time round
+            logits = X[i:i + 32] @ W
+        losses.append(logits.sum().detach())
+"""
+    assert shell.run_cell(body).success
+    r = shell.user_ns["r"]
+    assert any("the first 3 iterations of the cell's loop" in n for n in r.notes), r.notes
+    where = {t.name: t.line for t in r.tensors if t.alive}
+    assert [where[f"losses[{i}]"] for i in range(3)] == ["cell line 6"] * 3
+    assert where["losses[11]"] == "outside the recorded part"
+
+
+def test_a_short_cell_without_a_loop_of_its_own_is_recorded_whole(
+    shell: InteractiveShell,
+) -> None:
+    shell.run_cell(SETUP)
+    shell.run_cell(
+        "def train(n):\n"
+        "    out = []\n"
+        "    for i in range(n):\n"
+        "        out.append((X[i:i + 32] @ W).sum().detach())\n"
+        "    return out\n"
+    )
+    assert shell.run_cell("%%gpumem -o r --quiet --top 100\nresult = train(30)").success
+    r = shell.user_ns["r"]
+    assert not any("recorded in detail" in n for n in r.notes), r.notes
+    assert len(shell.user_ns["result"]) == 30
 
 
 def test_it_steps_aside_in_a_function_of_an_earlier_cell(
@@ -120,7 +163,12 @@ g1 = torch.func.grad(f)(torch.ones(4))
     assert any("up to a statement of the cell" in n for n in shell.user_ns["r"].notes)
 
 
-def test_nothing_is_left_watching(shell: InteractiveShell, at_once: None) -> None:
+@pytest.mark.parametrize("when", ["at its deadline", "at its loop"])
+def test_nothing_is_left_watching(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    if when == "at its deadline":
+        monkeypatch.setattr(recorder, "CPU_DETAIL_S", 0.0)
     shell.run_cell(SETUP)
     before = sys.gettrace()
     assert shell.run_cell(LOOP).success
