@@ -29,7 +29,8 @@ Known limitations:
 - A call the probe cannot run (the GPU has no room for its tensors) gets no workspace, and the
   estimate says how many.
 - The probe's tensors hold no data: a kernel whose allocations follow values (none of these
-  ops) would be probed wrongly.
+  ops) would be probed wrongly. They are made at offset zero: a view's alignment, by which a
+  kernel may choose, is not kept.
 - An estimate without CUDA (:mod:`.without_cuda`) has no GPU to ask: no workspace there.
 """
 
