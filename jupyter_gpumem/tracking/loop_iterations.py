@@ -73,13 +73,15 @@ class LoopWatch:
         if not self.headers or sys.gettrace() is not None:
             return False
         run_plainly(self._call, self._lines)  # see dynamo_skip
+        self._active = True  # first: an interrupt between the two leaves stop() its work
         sys.settrace(self._call)
-        self._active = True
         return True
 
     def stop(self) -> None:
-        """Stop watching; safe to call when not started, and again."""
-        if self._active and sys.gettrace() == self._call:
+        """Stop watching; safe to call when not started, and again. From another thread
+        than the one watched, the trace function stays there, answering nothing, until a
+        ``stop()`` on that thread takes it away."""
+        if sys.gettrace() == self._call:
             sys.settrace(None)
         self._active = False
         if self._frame is not None and self._frame.f_trace == self._lines:
@@ -88,7 +90,7 @@ class LoopWatch:
 
     def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
-        if event != "call" or code.co_name != "<module>" or code.co_filename != self.cell:
+        if not self._active or code.co_name != "<module>" or code.co_filename != self.cell:
             return None  # not a statement of the cell: its lines are not traced
         self._frame, self._returns = frame, {}
         return self._lines

@@ -298,11 +298,12 @@ class Recorder:
         self._next_statement = NextStatement(
             self.cell_filename, self._cpu_step_aside, is_library_file
         )
-        source = "".join(linecache.getlines(self.cell_filename))
-        self._loop_watch = LoopWatch(
-            self.cell_filename, outer_loops(source), self._cpu_iterated
-        )
-        self._loop_watch.start()
+        if sys.gettrace() is None:  # under a debugger or coverage tool, the deadline alone
+            source = "".join(linecache.getlines(self.cell_filename))
+            self._loop_watch = LoopWatch(
+                self.cell_filename, outer_loops(source), self._cpu_iterated
+            )
+            self._loop_watch.start()
         self._cpu.deadline_us = time.time_ns() // 1000 + int(CPU_DETAIL_S * 1e6)
         self._cpu.on_deadline = self._cpu_deadline
 
@@ -348,6 +349,8 @@ class Recorder:
         assert self._schedule is not None
         step = self._schedule.position
         self._detailed = False
+        if self._loop_watch is not None:
+            self._loop_watch.stop()  # whichever way the window ended, nothing more to count
         if self._tagger is not None:
             self._tagger.pause()
             if not self._schedule.optimizer_steps:
