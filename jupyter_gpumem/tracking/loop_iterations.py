@@ -27,6 +27,9 @@ from jupyter_gpumem.tracking.dynamo_skip import run_plainly
 log = logging.getLogger(__name__)
 
 
+_NOT_THE_CELLS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
 def outer_loops(source: str) -> frozenset[int]:
     """The header lines of the loops in ``source`` that no loop or function holds; none where
     it is not Python."""
@@ -35,15 +38,13 @@ def outer_loops(source: str) -> frozenset[int]:
     except (SyntaxError, ValueError):
         return frozenset()
     found: set[int] = set()
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
+    todo: list[ast.AST] = [tree]  # a stack, not a recursive closure: no cycle left to collect
+    while todo:
+        for child in ast.iter_child_nodes(todo.pop()):
             if isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
                 found.add(child.lineno)
-            elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):  # fmt: skip
-                visit(child)
-
-    visit(tree)
+            elif not isinstance(child, _NOT_THE_CELLS):
+                todo.append(child)
     return frozenset(found)
 
 
