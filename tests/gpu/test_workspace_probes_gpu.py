@@ -117,7 +117,7 @@ def test_the_fake_op_allocates_as_the_probe_found() -> None:
             out = op(*args)
             sizes: list[int] = []
 
-            def record(t: Any, sizes: list[int] = sizes) -> None:
+            def record(t: Any, *_: Any, sizes: list[int] = sizes) -> None:
                 sizes.append(t.untyped_storage().nbytes())
 
             assert recorded(torch, op, args, None, out, record, Tally())

@@ -25,6 +25,13 @@ g = torch.Generator().manual_seed(0)
 W = torch.randn((30, 27), generator=g, requires_grad=True)
 X = torch.randn((500, 30), generator=g)
 """
+TRAIN = """
+def train(n):
+    out = []
+    for i in range(n):
+        out.append((X[i:i + 32] @ W).sum().detach())
+    return out
+"""
 LOOP = """%%gpumem -o r --quiet --top 100
 losses = []
 for i in range(40):
@@ -98,13 +105,7 @@ def test_a_short_cell_without_a_loop_of_its_own_is_recorded_whole(
     shell: InteractiveShell,
 ) -> None:
     shell.run_cell(SETUP)
-    shell.run_cell(
-        "def train(n):\n"
-        "    out = []\n"
-        "    for i in range(n):\n"
-        "        out.append((X[i:i + 32] @ W).sum().detach())\n"
-        "    return out\n"
-    )
+    shell.run_cell(TRAIN)
     assert shell.run_cell("%%gpumem -o r --quiet --top 100\nresult = train(30)").success
     r = shell.user_ns["r"]
     assert not any("recorded in detail" in n for n in r.notes), r.notes
@@ -115,13 +116,7 @@ def test_it_steps_aside_in_a_function_of_an_earlier_cell(
     shell: InteractiveShell, at_once: None
 ) -> None:
     shell.run_cell(SETUP)
-    shell.run_cell(
-        "def train(n):\n"
-        "    out = []\n"
-        "    for i in range(n):\n"
-        "        out.append((X[i:i + 32] @ W).sum().detach())\n"
-        "    return out\n"
-    )
+    shell.run_cell(TRAIN)
     assert shell.run_cell("%%gpumem -o r --quiet\nresult = train(30)").success
     r = shell.user_ns["r"]
     assert any("up to a statement of the cell" in n for n in r.notes), r.notes

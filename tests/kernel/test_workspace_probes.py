@@ -109,7 +109,7 @@ def test_outputs_and_workspaces_are_recorded_in_the_order_the_gpu_allocated_them
     seen: list[tuple[int, bool]] = []  # (bytes, whether every earlier workspace is gone)
     workspaces: list[Any] = []
 
-    def record(t: Any) -> None:
+    def record(t: Any, *_: Any) -> None:
         seen.append((t.untyped_storage().nbytes(), all(r() is None for r in workspaces)))
         if t.dtype == torch.uint8:
             import weakref

@@ -138,13 +138,12 @@ def recording_mode() -> type:
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
             out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
-
-            def record(t: Any) -> None:
-                self.log.record(t, args, kwargs)
-
             # a convolution's or attention's outputs and workspaces as the GPU allocated them
-            if not workspace_probes.recorded(torch, func, args, kwargs, out, record, self.probed):
-                record(out)
+            log = self.log
+            if not workspace_probes.recorded(
+                torch, func, args, kwargs, out, log.record, self.probed
+            ):
+                log.record(out, args, kwargs)
             staging = [  # after the output
                 *reduce_buffers.buffers(torch, func, args, kwargs),
                 *kernel_temporaries.temporaries(torch, func, args, kwargs),

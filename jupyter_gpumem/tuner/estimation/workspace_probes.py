@@ -164,11 +164,11 @@ def recorded(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any] | None,
     out: Any,
-    record: Callable[[Any], None],
+    record: Callable[[Any, Any, Any], None],
     tally: Tally,
 ) -> bool:
-    """Record ``out``, ``func``'s fake outputs, and its workspaces through ``record`` (one
-    tensor at a time) in the order the probe found them; False, and nothing recorded, for other
+    """Record ``out``, ``func``'s fake outputs, and its workspaces through
+    ``record(tensor, args, kwargs)`` (the storage log's, one tensor at a time) in the order the probe found them; False, and nothing recorded, for other
     ops and on devices with no prober."""
     name = getattr(func, "__name__", None)
     if name not in OPS or not args or not isinstance(args[0], torch.Tensor):
@@ -185,7 +185,7 @@ def recorded(
     if isinstance(found, str):
         tally.failed[call] = found
         for t in outputs:
-            record(t)
+            record(t, args, kwargs)
         return True
     tally.probed.add(call)
     tally.largest = max(tally.largest, found.extra)
@@ -197,21 +197,21 @@ def recorded(
 
     if order is None:  # outputs first, then the most the op held beyond them
         for t in outputs:
-            record(t)
+            record(t, args, kwargs)
         if found.extra:
-            record(buffer(found.extra))
+            record(buffer(found.extra), args, kwargs)
         return True
     unmatched = set(range(len(outputs))) - set(order.values())
     for kind, i, n in found.steps:
         if kind == "free":
             held.pop(i, None)  # the fake buffer dies here, and the log sees it freed
         elif i in order:
-            record(outputs[order[i]])
+            record(outputs[order[i]], args, kwargs)
         else:
             held[i] = buffer(n)
-            record(held[i])
+            record(held[i], args, kwargs)
     for k in sorted(unmatched):  # empty ones: no allocation on the GPU
-        record(outputs[k])
+        record(outputs[k], args, kwargs)
     return True
 
 
