@@ -180,5 +180,12 @@ def test_the_worker_gets_its_environment_and_ends_when_idle() -> None:
             time.sleep(0.1)
         assert not worker.alive()
         assert worker.call(_environment, "GPUMEM_PROBE_TEST") == "yes"  # started again
+        worker.stop()
+        worker.start()  # started ahead of its first job, and idle from then on
+        assert worker.alive()
+        deadline = time.monotonic() + 30
+        while worker.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not worker.alive()
     finally:
         worker.stop()

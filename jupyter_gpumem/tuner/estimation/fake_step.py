@@ -231,6 +231,7 @@ def _run_fake(
             f"module {compiled!r} is compiled with torch.compile, whose generated kernels fake "
             "tensors cannot run; estimate the uncompiled model (the memory is close) or measure"
         )
+    workspace_probes.warm(torch, device)  # its process starts while the step is traced
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     log = StorageLog(torch, device, mode)
     parallel = config.parallel is not None

@@ -62,13 +62,31 @@ class Worker:
                 code = self._process.poll() if self._process is not None else None
                 self._stop()
                 return f"the estimate's process ended without an answer (exit code {code})"
-            self._calls += 1
-            if self.idle_s is not None:
-                self._timer = threading.Timer(self.idle_s, self._idle, (self._calls,))
-                self._timer.daemon = True
-                self._timer.start()
+            self._idle_from_now()
         status, value = pickle.loads(answer)
         return value if status == "ok" else str(value)
+
+    def start(self) -> None:
+        """Start the process now, where none runs, so that it readies itself (``prepare``)
+        while the caller goes on; the idle time counts from now."""
+        with self._lock:
+            if self.alive():
+                return
+            self._stop()
+            try:
+                self._start()
+            except (OSError, ValueError):
+                return  # the first call says why
+            self._idle_from_now()
+
+    def _idle_from_now(self) -> None:
+        self._calls += 1
+        if self.idle_s is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.idle_s, self._idle, (self._calls,))
+            self._timer.daemon = True
+            self._timer.start()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()

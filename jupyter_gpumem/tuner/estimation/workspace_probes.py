@@ -19,8 +19,9 @@ its outputs and the workspaces in that order and frees the workspaces where the 
 the allocator model places them as the caching allocator did. Where the fake outputs do not
 match the recorded ones, the op's highest beyond its outputs is made after them instead.
 
-The worker's first probe costs a second or two (it imports torch and starts CUDA); later ones
-milliseconds each, and each call is probed once per process and device. The worker ends
+The worker starts with the fake step (:func:`warm`) and imports torch and starts CUDA
+meanwhile; later probes take milliseconds each, and each call is probed once per process and
+device. The worker ends
 after :data:`IDLE_S` seconds without a probe, giving back its CUDA context.
 
 Known limitations:
@@ -108,6 +109,7 @@ class Prober:
 
     device_name: str
     measure: Measure
+    worker: Worker | None = None  # the process that measures, where there is one
     found: dict[Call, Probe | str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -282,9 +284,18 @@ def prober_for(torch: Any, device: Any) -> Prober | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     visible = _visible_name(props)
-    worker = Worker(env={"CUDA_VISIBLE_DEVICES": visible}, idle_s=IDLE_S)
-    PROBERS[key] = Prober(props.name, lambda calls: _in_worker(worker, calls))
+    env = {"CUDA_VISIBLE_DEVICES": visible}
+    worker = Worker(prepare=f"{__name__}:ready", env=env, idle_s=IDLE_S)
+    PROBERS[key] = Prober(props.name, lambda calls: _in_worker(worker, calls), worker)
     return PROBERS[key]
+
+
+def warm(torch: Any, device: Any) -> None:
+    """Start ``device``'s probing process, where it has one, so that it imports torch and
+    starts CUDA while the fake step runs up to its first probe."""
+    prober = prober_for(torch, torch.device(device))
+    if prober is not None and prober.worker is not None:
+        prober.worker.start()
 
 
 def _visible_name(props: Any) -> str:
@@ -305,6 +316,14 @@ def _in_worker(worker: Worker, calls: Sequence[Call]) -> Sequence[Probe | str]:
 
 
 # -- in the worker ---------------------------------------------------------------------------
+def ready() -> None:
+    """The worker's first act: torch imported, CUDA and cuDNN started."""
+    import torch
+
+    torch.cuda.init()
+    torch.backends.cudnn.version()
+
+
 def measure(calls: Sequence[Call]) -> list[Probe | str]:
     """Each call run twice on the GPU, on uninitialised tensors of its layouts; the second
     run's allocations in order (in the allocator's sizes), and what it held at its highest
