@@ -8,7 +8,9 @@ case of :mod:`zoo` at its bench size, three training steps run on the GPU (rando
 AdamW, the case's precision) under a dispatch mode that names the op behind every allocation
 (the allocator's count of requests read around each op); the estimate's fake step, from the
 meta device, names its storages' ops the same way. ``OUTPUT_DIR/order_<case>.json`` gets the
-last step's (op, bytes) in order from both, and where they part. Needs a GPU.
+last step's (op, bytes) in order from both, and where they part; and the same step run plainly
+(no mode: a mode's Python wrappers change what the autograd engine may do in place) with each
+allocation's C++ frames. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -80,6 +82,41 @@ def real_order(case: zoo.Case) -> list[tuple[str, int]]:
     return [(op_of[k], _rounded(allocs[k])) for k in range(last, len(allocs))]
 
 
+def real_frames(case: zoo.Case) -> list[tuple[str, int]]:
+    """(C++ frames, bytes) of every allocation of the last of three plain steps on the GPU, in
+    order: no dispatch mode, so the step runs as a user's does (a mode's Python wrappers change
+    what the autograd engine may do in place)."""
+    import torch
+
+    built = case.build("cuda", "bench")
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    bf16 = case.precision == "bf16-autocast"
+    for step in range(3):
+        if step == 2:
+            torch.cuda.synchronize()
+            torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="all")
+        with torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = built.loss(built.model, built.batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+    torch.cuda.synchronize()
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del built, opt, params
+    keep = ("at::native::", "torch::autograd::", "at::_ops::", "c10d::")
+    out = []
+    for e in trace:
+        if e["action"] != "alloc":
+            continue
+        names = [f["name"] for f in e.get("frames", ()) if f["name"].startswith(keep)]
+        names = [n.split("(")[0] for n in names if "_ops::" not in n or "redispatch" not in n]
+        out.append((" < ".join(dict.fromkeys(names[:6])), _rounded(e["size"])))
+    return out
+
+
 def fake_order(case: zoo.Case) -> list[tuple[str, int]]:
     """(op, bytes) of every allocation of the estimate's measured step, in order."""
     from jupyter_gpumem.tuner.estimation import fake_peaks, fake_step, storage_log
@@ -146,7 +183,11 @@ def main() -> None:
         case = zoo.case(name)
         fake = fake_order(case)
         real = real_order(case)
-        result = {"case": name, "parted": parted(real, fake), "real": real, "fake": fake}
+        plain = real_frames(case)
+        result = {
+            "case": name, "parted": parted(real, fake), "parted_plain": parted(plain, fake),
+            "real": real, "plain": plain, "fake": fake,
+        }  # fmt: skip
         (out / f"order_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(name, "real", len(real), "fake", len(fake), "parted", len(result["parted"]))
 

@@ -54,6 +54,7 @@ from jupyter_gpumem.tuner.estimation import (
     workspace_probes,
 )
 from jupyter_gpumem.tuner.estimation.cuda_attention import whole_op_kernel
+from jupyter_gpumem.tuner.estimation.cuda_like import multiprocessors
 from jupyter_gpumem.tuner.estimation.fake_objects import (
     Faker,
     fake_batch,
@@ -63,8 +64,10 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
+from jupyter_gpumem.tuner.estimation.grad_sums import GradSums
 from jupyter_gpumem.tuner.estimation.kernel_checks import RealStepError, check_operands
 from jupyter_gpumem.tuner.estimation.known_values import known_values
+from jupyter_gpumem.tuner.estimation.output_order import in_cuda_order
 from jupyter_gpumem.tuner.estimation.quantized import (
     hidden_buffers,
     maps_made_for_real,
@@ -112,10 +115,11 @@ def recording_mode() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
     class _Recording(TorchDispatchMode):
-        def __init__(self, log: StorageLog) -> None:
+        def __init__(self, log: StorageLog, sums: GradSums | None = None) -> None:
             super().__init__()
             self.log = log
             self.probed = workspace_probes.Tally()
+            self.sums = sums  # the backward's gradient sums, to make in place as on the GPU
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
@@ -143,7 +147,9 @@ def recording_mode() -> type:
             if not workspace_probes.recorded(
                 torch, func, args, kwargs, out, log.record, self.probed
             ):
-                log.record(out, args, kwargs)
+                log.record(in_cuda_order(torch, func, args, out), args, kwargs)
+            if self.sums is not None and self.sums.is_sum(func, args, kwargs):
+                log.summed(out, args[0])
             staging = [  # after the output
                 *reduce_buffers.buffers(torch, func, args, kwargs),
                 *kernel_temporaries.temporaries(torch, func, args, kwargs),
@@ -256,7 +262,10 @@ def _run_fake(
             else fake_batch(torch, batch, faker, weights_on=weights_on)
         )
         faker.done()
-        recording = recording_mode()(log)
+        # sums in place where the step is measured against CUDA's allocator; on the CPU the
+        # tracker's own dispatch mode makes the engine sum out of place, as fakes do
+        sums = GradSums(torch) if multiprocessors(torch, device) is not None else None
+        recording = recording_mode()(log, sums)
         applied = None
         replayer = None
         why = ""
@@ -282,7 +291,7 @@ def _run_fake(
                     foreach_on(torch, applied.optimizer, device)
                 elif applied.optimizer is not None:
                     foreach_as_real(torch, applied.optimizer, real_of)
-                step = _forward if inference else _step
+                step = _forward if inference else functools.partial(_step, sums=sums)
                 warm = _primed if primed and not inference else step
                 kinds, why = block_replay.eligible(torch, applied.model, config, replay)
                 replayer = None
@@ -430,8 +439,16 @@ def _forward(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog
     del outputs
 
 
-def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -> None:
-    """:func:`steps._timed_step` with tags and phase marks: the loss lives through the step."""
+def _step(
+    torch: Any,
+    applied: Any,
+    loss_fn: Any,
+    batch: Any,
+    log: StorageLog,
+    sums: GradSums | None = None,
+) -> None:
+    """:func:`steps._timed_step` with tags and phase marks: the loss lives through the step;
+    ``sums`` watches each backward for the engine's sums of gradients."""
     # From the second micro-batch on, each one holds what the one before held (the gradients
     # exist, the last loss lives until the next is made): two stand for any number of them.
     for micro in applied.micro_batches(batch)[:STEADY_MICRO_BATCHES]:
@@ -439,7 +456,8 @@ def _step(torch: Any, applied: Any, loss_fn: Any, batch: Any, log: StorageLog) -
         with _saved_tagged(torch, log), applied.autocast():
             loss = loss_fn(applied.model, micro)
         log.mark("backward")
-        applied.backward(loss)
+        with sums.watching(loss) if sums is not None else contextlib.nullcontext():
+            applied.backward(loss)
         for p in applied.model.parameters():
             log.tag(p.grad, "gradients")
     log.mark("optimizer")

@@ -69,6 +69,8 @@ class StorageLog:
         self._live: dict[int, _Ref] = {}  # StorageImpl address -> its weakref
         self._freed: set[int] = set()  # storages whose free was written early (block replay)
         self.then_free: dict[int, list[int]] = {}  # storage -> storages freed right after it
+        self._summing: tuple[_Ref, _Ref] | None = None  # (a gradients' sum, its old buffer)
+        self.sums_in_place = 0  # the engine's sums of gradients placed in their old buffers
         self._lock = threading.RLock()  # frees arrive from autograd's threads
         self._on_free_cb = self._on_free
 
@@ -126,6 +128,23 @@ class StorageLog:
                 inputs = self._input_keys(args, kwargs)
             if st._cdata not in inputs:
                 self._add(st, event=True)
+
+    def summed(self, out: Any, old: Any) -> None:
+        """``out`` is the autograd engine's sum of the gradient buffer ``old`` and another
+        (:mod:`.grad_sums`), just recorded: where ``old`` dies before anything else happens
+        (nothing else held it), the sum was made in place, in ``old``'s block."""
+        with self._lock:
+            made = self._live.get(out.untyped_storage()._cdata)
+            was = self._live.get(old.untyped_storage()._cdata)
+            if made is None or was is None or made.size != was.size or was.index in self.real:
+                return
+            last = self.events[-1] if self.events else None
+            if (
+                last is not None
+                and last[:2] == ("alloc", made.index)
+                and was.index not in self._freed
+            ):
+                self._summing = (made, was)
 
     def resized(self, st: Any, before: int) -> None:
         """``UntypedStorage.resize_`` from Python (FSDP2 frees and refills its unsharded
@@ -201,6 +220,7 @@ class StorageLog:
 
     def _add(self, st: Any, *, event: bool) -> int:
         with self._lock:
+            self._summing = None
             index = len(self.sizes)
             self.sizes.append(st.nbytes())
             ref = _Ref(st, self._on_free_cb)
@@ -249,6 +269,9 @@ class StorageLog:
             if self._live.get(ref.key) is not ref:
                 return
             del self._live[ref.key]
+            summing, self._summing = self._summing, None
+            if summing is not None and summing[1] is ref and self._in_place(*summing):
+                return
             if ref.index in self._freed:
                 return
             if self.recording and ref.size:
@@ -256,6 +279,17 @@ class StorageLog:
                 self.events.append(("free", ref.index, self.clock))
             if self.then_free:
                 self._then(ref.index)
+
+    def _in_place(self, made: _Ref, was: _Ref) -> bool:
+        """The sum ``made`` takes the block of ``was``, which dies now: the sum's own
+        allocation is struck out, and ``was``'s storage index lives on in the sum's storage."""
+        last = self.events[-1] if self.events else None
+        if last is None or last[:2] != ("alloc", made.index) or was.index in self.then_free:
+            return False
+        self.events.pop()
+        made.index = was.index
+        self.sums_in_place += 1
+        return True
 
     def _on_free(self, ref: weakref.ref[Any]) -> None:
         assert isinstance(ref, _Ref)
