@@ -143,7 +143,7 @@ def measured(case: zoo.Case, built: zoo.Built, size: str, n: int | None = None) 
     return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
-def one(name: str, size: str) -> dict[str, Any]:
+def one(name: str, size: str, fits: bool = True) -> dict[str, Any]:
     import torch
 
     case = zoo.case(name)
@@ -161,7 +161,7 @@ def one(name: str, size: str) -> dict[str, Any]:
     row["phase"] = found.phase
     row["notes"] = list(found.notes)
     answer = None
-    if found.peak_bytes is not None:
+    if found.peak_bytes is not None and fits:
         budget = int(found.peak_bytes * BUDGET_FACTOR)
         t0 = time.perf_counter()
         try:
@@ -257,6 +257,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--size", choices=zoo.SIZES, default="bench")
     parser.add_argument("--table", action="store_true", help="print the table of OUTPUT")
+    parser.add_argument("--no-fits", action="store_true", help="estimate and measure only")
     parser.add_argument("--case", choices=names, help=argparse.SUPPRESS)  # one, in this process
     args = parser.parse_args()
     if args.table:
@@ -264,7 +265,9 @@ def main() -> None:
         print(table(results), summary(results), sep="\n\n")
         return
     if args.case:
-        args.output.write_text(json.dumps(one(args.case, args.size), indent=1, default=str))
+        args.output.write_text(
+            json.dumps(one(args.case, args.size, not args.no_fits), indent=1, default=str)
+        )
         return
     chosen = [zoo.case(n) for n in (args.only or names)]
     results: dict[str, dict[str, Any]] = {}
@@ -288,6 +291,7 @@ def main() -> None:
             return
         part = args.output.with_suffix(f".{case.name}.json")
         cmd = [sys.executable, __file__, str(part), "--case", case.name, "--size", args.size]
+        cmd += ["--no-fits"] if args.no_fits else []
         done = subprocess.run(cmd, text=True, capture_output=True)
         if done.returncode or not part.exists():
             tail = (done.stderr or "").strip().splitlines()[-1:] or [""]

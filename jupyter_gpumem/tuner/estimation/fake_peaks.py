@@ -40,6 +40,7 @@ from jupyter_gpumem.tracking.snapshot import in_private_pool
 from jupyter_gpumem.tracking.workspaces import allocated, memory_snapshot, remade, workspaces
 from jupyter_gpumem.tuner.estimation.allocator_model import CachingAllocator
 from jupyter_gpumem.tuner.estimation.fake_step import FakeRun
+from jupyter_gpumem.tuner.estimation.repeated_steps import repeated
 from jupyter_gpumem.units import format_bytes
 
 HELD_BEFORE = "held_before"  # the category of what the process held before the call
@@ -344,13 +345,15 @@ def cuda_peaks(
     workspaces: Collection[int] = (),
     count_held: bool = True,
 ) -> Peaks:
-    """The fake run's storages placed by the allocator model, from ``segments`` on.
+    """The fake run's storages placed by the allocator model, from ``segments`` on, its
+    measured step played as many times as it stands for (:mod:`.repeated_steps`).
 
     What the process held before the call (:func:`held_blocks`; ``workspaces``: the library
     workspaces' sizes, where the layout does not mark them) is counted as ``HELD_BEFORE``, or,
     where ``count_held`` is False, freed from the layout first: the peak of a process that holds
     nothing else. The library workspaces count as ``library_workspace``.
     """
+    run = repeated(run, run.measured_steps)
     held, library = _owners(run, segments, workspaces)
     if not count_held:
         segments = without(segments, held)

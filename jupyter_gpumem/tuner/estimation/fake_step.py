@@ -106,6 +106,7 @@ class FakeRun:
     checks: tuple[str, ...] = ()  # the step's checks taken to pass (known_values), as notes
     blocks: str = ""  # how the repeated blocks were run (block_replay), as a note
     kernels: tuple[str, ...] = ()  # where the kernels' own memory came from, as notes
+    measured_steps: int = 1  # the steps the measured one stands for (repeated_steps)
 
 
 @functools.cache
@@ -175,9 +176,11 @@ def run_fake(
     steps: int = 1,
     inference: bool = False,
     primed: bool = False,
+    measured_steps: int = 1,
 ) -> FakeRun:
     """Apply ``config`` and run ``warmup`` then ``steps`` training steps on fake tensors
-    (forward passes alone for an ``inference`` workload).
+    (forward passes alone for an ``inference`` workload). The last step stands for
+    ``measured_steps`` in a row (:mod:`.repeated_steps`): the steps the trial measures.
 
     ``primed`` warm-up steps make only what outlives a step, the optimizer's state, by a step
     over zero gradients: the measured steps' allocated bytes are the same, at about half the
@@ -197,12 +200,14 @@ def run_fake(
         make_batch=make_batch, warmup=warmup, steps=steps, inference=inference, primed=primed,
     )  # fmt: skip
     if not block_replay.ENABLED:
-        return run(replay=False)
-    try:
-        return run(replay=True)
-    except (block_replay.ReplayFailed, _ReplayBroke) as exc:
         found = run(replay=False)
-        return dataclasses.replace(found, blocks=f"every block traced: {exc}")
+    else:
+        try:
+            found = run(replay=True)
+        except (block_replay.ReplayFailed, _ReplayBroke) as exc:
+            found = run(replay=False)
+            found = dataclasses.replace(found, blocks=f"every block traced: {exc}")
+    return dataclasses.replace(found, measured_steps=measured_steps)
 
 
 class _ReplayBroke(Exception):

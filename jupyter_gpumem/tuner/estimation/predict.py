@@ -144,6 +144,7 @@ def estimate_workload(
             make_batch=make_batch,
             warmup=warmup,
             steps=1 if warmup else min(workload.steps, 2),
+            measured_steps=workload.steps if warmup else 1,
             inference=workload.inference,
             primed=primed,
         )

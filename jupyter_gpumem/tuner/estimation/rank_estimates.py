@@ -128,6 +128,7 @@ def _ranks(
                     make_batch=make_batch,
                     warmup=warmup,
                     steps=1 if warmup else min(workload.steps, 2),
+                    measured_steps=workload.steps if warmup else 1,
                 )
         except Unfakeable as exc:
             out.append(

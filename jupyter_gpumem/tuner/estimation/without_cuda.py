@@ -287,6 +287,7 @@ def _in_worker(
             make_batch=made,
             warmup=warmup,
             steps=1 if warmup else min(workload.steps, 2),
+            measured_steps=workload.steps if warmup else 1,
             inference=workload.inference,
             primed=primed,
         )
