@@ -193,6 +193,10 @@ def _gb(n: int | None) -> str:
     return "" if n is None else f"{n / 1e9:.3f}"
 
 
+# rows a results file keeps from a run of earlier code (its "code" field), marked in the table
+EARLIER = {"grad_sums": " ²", "workspace_probes": " ³"}
+
+
 def table(results: dict[str, Any]) -> str:
     """The README's markdown table of a results file."""
     lines = [
@@ -220,7 +224,7 @@ def table(results: dict[str, Any]) -> str:
                 f"{r['estimate_s']:.1f} s",
                 fits,
             ]
-        name = f"{r['case']} ¹" if r.get("from_first_run") else r["case"]
+        name = r["case"] + (" ¹" if r.get("from_first_run") else EARLIER.get(r.get("code"), ""))
         lines.append(
             f"| {name} | {r['workload']} {r['precision'] or r['dtype']} | "
             + " | ".join(cells)
