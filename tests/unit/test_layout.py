@@ -36,6 +36,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.estimation.cuda_like", "tuner.estimation.worker_process"),
     (
         "tuner.estimation.kernel_temporaries",
+        "tuner.estimation.output_order",
+        "tuner.estimation.grad_sums",
         "tuner.estimation.workspace_probes",
         "tuner.estimation.quantized",
         "tuner.estimation.untraced",
@@ -52,6 +54,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     (
         "tuner.estimation.fake_group",
         "tuner.estimation.allocator_model",
+        "tuner.estimation.repeated_steps",
         "tuner.estimation.decode_steps",
     ),
     ("tuner.estimation.fake_peaks",),
