@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from jupyter_gpumem.records import (
     ALLOCATED,
@@ -37,9 +38,8 @@ SMALL_SEGMENT = 2 << 20  # the small pool's segments are exactly 2 MiB
 MIN_BLOCK = 512
 
 
-@dataclass(frozen=True)
-class Live:
-    """A block that was allocated at the peak."""
+class Live(NamedTuple):
+    """A block that was allocated at the peak (a named tuple: analyses make one per block)."""
 
     address: int
     size: int
