@@ -113,3 +113,27 @@ def test_a_deep_decoder_is_replayed_and_says_so(deep: None) -> None:
 def test_parallel_ranks_say_they_trace_every_block() -> None:
     why = block_replay.eligible(torch, torch.nn.Linear(2, 2), Config(parallel="ddp", world_size=2))
     assert why == ([], "every block traced: parallel ranks (ddp) are traced whole")
+
+
+@pytest.fixture
+def cuda_like_cpu(deep: None) -> Any:
+    """The CPU runs as CUDA's kernels would (:mod:`.cuda_like`): the kernels' own buffers, and
+    the engine's sums of gradients in place (``grad_sums``)."""
+    from jupyter_gpumem.tuner.estimation import cuda_like
+
+    cuda_like.aim("cpu", cuda_like.Multiprocessors(132, 2048))
+    yield
+    cuda_like._AIMED.pop("cpu", None)
+
+
+@pytest.mark.parametrize("technique", ["fp32", "checkpoint-some", "accumulate-bf16-autocast"])
+@pytest.mark.parametrize("case", _cases("train", only=TECHNIQUE_FAMILIES))
+def test_blocks_whose_gradients_are_summed_in_place_replay_the_same(
+    cuda_like_cpu: None, case: zoo.Case, technique: str
+) -> None:
+    settings = {"precision": case.precision, **TECHNIQUES[technique]}
+    replayed, traced = _both(case, Config(**settings))
+    _assert_same(replayed, traced)
+    if technique == "fp32" and case.name in ("llama-eager-fp32", "gpt2-fp32"):
+        # replayed, with the sums in place: a block's input gradient is the one it was given
+        assert any("replayed from block" in n for n in replayed.notes), replayed.notes

@@ -10,7 +10,9 @@ op: one autograd function writes the second block's forward events into the log,
 (new storages for those it made, the call's inputs for those it read), and returns outputs of
 the same layout; its backward writes the second-to-last block's backward events (which run
 before the replayed ones, backward running the blocks in reverse), the recompute of a
-checkpointed block included, and sets the parameters' gradients as that block's were set.
+checkpointed block included, and sets the parameters' gradients as that block's were set;
+where that block's input gradient was the one it was given (summed into in place, as CUDA's
+engine does: :mod:`.grad_sums`), the replayed call returns the one it is given.
 The log therefore holds the events of the full trace, and the allocator model reads them as
 it reads any run.
 
@@ -453,7 +455,11 @@ class Replayer:
         if template.grad_layout is None:
             return None
         name, layout = template.grad_layout
-        return _view(torch, made[name], layout)
+        if name in made:
+            return _view(torch, made[name], layout)
+        if name == "gout" and grad is not None and layout == _layout(grad):
+            return grad  # the gradient of its input was summed in place into the one it was given
+        raise ReplayFailed(f"block {template.position + 1}'s input gradient is {name}")
 
     # -- the result ----------------------------------------------------------------------
     def check(self) -> None:
