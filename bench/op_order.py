@@ -19,6 +19,7 @@ import contextlib
 import difflib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,30 @@ def _rounded(size: int) -> int:
     return -(-size // 512) * 512
 
 
+def _steps(case: zoo.Case, built: Any) -> Iterator[int]:
+    """Three training steps as the zoo's trial makes them (AdamW, the case's precision);
+    yields each step's number before it runs."""
+    import torch
+
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    bf16 = case.precision == "bf16-autocast"
+    for step in range(3):
+        yield step
+        with torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = built.loss(built.model, built.batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+
+
 def real_order(case: zoo.Case) -> list[tuple[str, int]]:
     """(op, bytes) of every allocation of the last of three steps on the GPU, in order."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     built = case.build("cuda", "bench")
-    count = {"n": 0}
     names: list[tuple[int, int, str]] = []  # (first request, end, op)
 
     def requests() -> int:
@@ -52,21 +70,12 @@ def real_order(case: zoo.Case) -> list[tuple[str, int]]:
             names.append((before, requests(), str(func)))
             return out
 
-    params = [p for p in built.model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    bf16 = case.precision == "bf16-autocast"
     starts = []
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
     first = requests()
     with Named():
-        for _ in range(3):
+        for _ in _steps(case, built):
             starts.append(requests())
-            with torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext():
-                loss = built.loss(built.model, built.batch)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del loss
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -77,8 +86,7 @@ def real_order(case: zoo.Case) -> list[tuple[str, int]]:
             if op_of[k] == "(outside any op)":  # the innermost op names it (nested ops first)
                 op_of[k] = name
     last = starts[-1] - first
-    count["n"] = len(allocs)
-    del built, opt, params
+    del built
     return [(op_of[k], _rounded(allocs[k])) for k in range(last, len(allocs))]
 
 
@@ -89,23 +97,14 @@ def real_frames(case: zoo.Case) -> list[tuple[str, int]]:
     import torch
 
     built = case.build("cuda", "bench")
-    params = [p for p in built.model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    bf16 = case.precision == "bf16-autocast"
-    for step in range(3):
+    for step in _steps(case, built):
         if step == 2:
             torch.cuda.synchronize()
             torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="all")
-        with torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext():
-            loss = built.loss(built.model, built.batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del loss
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
-    del built, opt, params
+    del built
     keep = ("at::native::", "torch::autograd::", "at::_ops::", "c10d::")
     out = []
     for e in trace:

@@ -3,26 +3,12 @@ engine's alone, and the estimate from the meta device places them so (``grad_sum
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from jupyter_gpumem.tuner.trial import Trial  # noqa: E402
-
-
-class Squared(torch.nn.Module):
-    """``(h * h).sum()``: the gradients of both factors meet in ``h``'s input buffer, at the
-    backward's highest point."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(width, width)
-
-    def forward(self, x: Any) -> Any:
-        h = self.linear(x)
-        return (h * h).sum()
+from tests.support.squared import Squared  # noqa: E402
 
 
 def _trial(device: str, rows: int = 16384, width: int = 1024) -> Trial:

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from jupyter_gpumem.tuner.estimation.grad_sums import GradSums, dense  # noqa: E402
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog  # noqa: E402
+from tests.support.squared import Squared  # noqa: E402
 
 
 class Tied(torch.nn.Module):
@@ -144,19 +145,6 @@ def test_a_sum_whose_old_buffer_lives_on_is_its_own_block() -> None:
         ("alloc", 2),
         ("free", 0),
     ]
-
-
-class Squared(torch.nn.Module):
-    """A loss of ``(h * h).sum()``: its gradient is a view of one number, and the gradients of
-    both factors are new tensors, summed into one."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(width, width)
-
-    def forward(self, x: Any) -> Any:
-        h = self.linear(x)
-        return (h * h).sum()
 
 
 def test_a_stand_in_estimate_sums_gradients_in_place_as_the_gpu_does() -> None:
