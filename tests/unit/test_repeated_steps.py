@@ -59,3 +59,28 @@ def test_a_step_that_frees_an_older_storage_or_keeps_a_new_one_is_left_alone() -
         run = _run(events)
         assert repeated(run, 3) is run
     assert repeated(_run(CLOSED), 1).events == CLOSED
+
+
+def test_a_trial_of_many_steps_is_estimated_as_its_first_steady_ones() -> None:
+    """Once a played step ends in the layout the one before ended in, the rest are not played:
+    a trial of 40 measured steps is estimated as one of 3, figure for figure."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from jupyter_gpumem.tuner.trial import Trial
+
+    def trial(steps: int) -> Trial:
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, 1024), torch.nn.Dropout(0.1), torch.nn.Linear(1024, 256)
+            )
+        x = torch.zeros(512, 256, device="meta")
+        opt = torch.optim.AdamW(model.parameters())
+        loss = lambda m, b: m(b).square().mean()  # noqa: E731
+        return Trial(model, x, loss, optimizer=opt, steps=steps, device="cuda")
+
+    few, many = trial(3).estimate(gpu="H100-80GB"), trial(40).estimate(gpu="H100-80GB")
+    assert few.peak_bytes is not None, few.reason
+    for name in ("peak_bytes", "peak_reserved_bytes", "breakdown", "phase"):
+        assert getattr(few, name) == getattr(many, name), name

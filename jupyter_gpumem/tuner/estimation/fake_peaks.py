@@ -353,7 +353,12 @@ def cuda_peaks(
     where ``count_held`` is False, freed from the layout first: the peak of a process that holds
     nothing else. The library workspaces count as ``library_workspace``.
     """
-    run = repeated(run, run.measured_steps)
+    base, run = run, repeated(run, run.measured_steps)
+    # where each played step ends: once one ends in the layout the one before ended in, every
+    # later one plays the same (the model is deterministic), and the rest is not played
+    step = len(base.events) - base.window
+    ends = set(range(len(base.events), len(run.events), step)) if run is not base else set()
+    ended: tuple[SegmentState, ...] | None = None
     held, library = _owners(run, segments, workspaces)
     if not count_held:
         segments = without(segments, held)
@@ -385,6 +390,11 @@ def cuda_peaks(
     at_birth: dict[int, int] = {}
     window: tuple[tuple[SegmentState, ...], int, int, int, dict[int, int]] | None = None
     for n, (action, i, clock) in enumerate(run.events):
+        if n in ends:
+            layout = alloc.layout()
+            if layout == ended:
+                break
+            ended = layout
         if n == run.window:
             window = (
                 alloc.layout(),

@@ -9,8 +9,10 @@ and of GPT-2 each reserved one 250 MiB segment more than the first (``bench/allo
 A fake step's measured step is deterministic: the step after it makes the same ops on the same
 shapes. Where the step is closed (every storage it makes it frees, and it frees none older),
 its events are those of the next step too, on new storages; :func:`repeated` writes them
-``times`` times in a row, so that the allocator model plays as many steps as the trial measures.
-Pure: touches neither torch nor CUDA.
+``times`` times in a row, so that the allocator model plays as many steps as the trial measures
+(:func:`~.fake_peaks.cuda_peaks` stops once a step ends in the layout the one before ended in:
+the model is deterministic, so every later step plays the same). Pure: touches neither torch
+nor CUDA.
 """
 
 from __future__ import annotations
