@@ -138,12 +138,7 @@ class StorageLog:
             was = self._live.get(old.untyped_storage()._cdata)
             if made is None or was is None or made.size != was.size or was.index in self.real:
                 return
-            last = self.events[-1] if self.events else None
-            if (
-                last is not None
-                and last[:2] == ("alloc", made.index)
-                and was.index not in self._freed
-            ):
+            if was.index not in self._freed:  # the sum's own allocation is checked as was dies
                 self._summing = (made, was)
 
     def resized(self, st: Any, before: int) -> None:
