@@ -38,6 +38,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.kernel_temporaries",
         "tuner.estimation.output_order",
         "tuner.estimation.grad_sums",
+        "tuner.estimation.foreach_groups",
         "tuner.estimation.workspace_probes",
         "tuner.estimation.quantized",
         "tuner.estimation.untraced",

@@ -64,6 +64,7 @@ from jupyter_gpumem.tuner.estimation.fake_objects import (
     foreach_on,
     swapped,
 )
+from jupyter_gpumem.tuner.estimation.foreach_groups import grouped
 from jupyter_gpumem.tuner.estimation.grad_sums import GradSums
 from jupyter_gpumem.tuner.estimation.kernel_checks import RealStepError, check_operands
 from jupyter_gpumem.tuner.estimation.known_values import known_values
@@ -115,6 +116,9 @@ def recording_mode() -> type:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
+    # asked of a tensor, never allocating: its device (from C++), a value read to the host
+    answers = (torch.ops.prim.device.default, torch.ops.aten._local_scalar_dense.default)
+
     class _Recording(TorchDispatchMode):
         def __init__(self, log: StorageLog, sums: GradSums | None = None) -> None:
             super().__init__()
@@ -125,6 +129,8 @@ def recording_mode() -> type:
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Mapping[str, Any] | None = None
         ) -> Any:
+            if func in answers:
+                return func(*args, **(kwargs or {}))
             if any(is_traceable_wrapper_subclass_type(t) for t in types):
                 # a DTensor runs first and comes back here with the plain ops it desugars into
                 return NotImplemented
@@ -142,7 +148,7 @@ def recording_mode() -> type:
             hidden += kernel_buffers(torch, func, args, kwargs)
             for buffer in hidden:  # what the op allocates for itself, alive until it returns
                 self.log.record(buffer, (), {})
-            out = (stand_in(torch, func) or func)(*args, **(kwargs or {}))
+            out = (stand_in(torch, func) or grouped(torch, func) or func)(*args, **(kwargs or {}))
             # a convolution's or attention's outputs and workspaces as the GPU allocated them
             log = self.log
             if not workspace_probes.recorded(
