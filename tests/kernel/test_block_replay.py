@@ -110,6 +110,18 @@ def test_a_deep_decoder_is_replayed_and_says_so(deep: None) -> None:
     ), replayed.notes
 
 
+@pytest.mark.parametrize("case", _cases("lora", only=("llama-lora", "mistral-lora")))
+def test_a_lora_decoder_is_replayed_from_its_second_and_third_blocks(
+    deep: None, case: zoo.Case
+) -> None:
+    """The first block of a LoRA model is given an input that needs no gradient (the frozen
+    embedding's), so its events are its own; the second and third are the twins."""
+    replayed, traced = _both(case, model_zoo.config_of(case))
+    _assert_same(replayed, traced)
+    told = " ".join(replayed.notes)
+    assert f"blocks 4 of {LAYERS} (" in told and "replayed from block 3" in told, replayed.notes
+
+
 def test_parallel_ranks_say_they_trace_every_block() -> None:
     why = block_replay.eligible(torch, torch.nn.Linear(2, 2), Config(parallel="ddp", world_size=2))
     assert why == ([], "every block traced: parallel ranks (ddp) are traced whole")

@@ -5,7 +5,9 @@ are grouped into kinds: same class, same parameters and buffers (names, shapes, 
 strides, ``requires_grad``), same module tree and plain attributes (the layer's own number
 aside), checkpointed or not. Of each kind, the first two and the last two calls of a pass run
 for real; the calls between are replayed when their inputs are the second block's (shapes,
-strides, dtypes, the same storages for what is not the hidden state). A replayed call runs no
+strides, dtypes, the same storages for what is not the hidden state). Where the first block's
+events are its own (a LoRA model's first block is given the frozen embedding's output, which
+needs no gradient), the second and third are the twins, and the calls after the third replay. A replayed call runs no
 op: one autograd function writes the second block's forward events into the log, renamed
 (new storages for those it made, the call's inputs for those it read), and returns outputs of
 the same layout; its backward writes the second-to-last block's backward events (which run
@@ -51,6 +53,7 @@ from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 
 ENABLED = True  # False: every block traced (the tests' reference)
 MIN_BLOCKS = 5  # two traced first, two traced last, at least one replayed between
+LEADS = (0, 1)  # blocks before the first twin pair: none, or one that differs (LoRA's first)
 CHECKPOINTED = "every block traced: checkpointed blocks are not replayed"
 _NUMBERS = frozenset({"layer_idx", "layer_id", "layer_number", "block_idx", "idx"})
 
@@ -86,6 +89,7 @@ class _Call:
     replayed: bool = False
     mine: dict[str, int] = field(default_factory=dict)  # a replayed call's storages by name
     hold: Any = None  # a replayed call's input, kept until its backward frees it
+    held: bool = False  # whether a replayed call kept its input so
 
 
 @dataclass
@@ -219,16 +223,15 @@ class Replayer:
         calls[position] = call
         flat, _ = torch.utils._pytree.tree_flatten((args, kw))
         call.inputs = self._signature(flat)
-        first, second = calls.get(0), calls.get(1)
+        lead = _lead(calls)
+        second = None if lead is None else calls[lead + 1]
         if (
             self.failed is None
-            and 2 <= position < len(kind.modules) - 2
-            and first is not None
             and second is not None
             and second.forward is not None
+            and lead is not None
+            and lead + 2 <= position < len(kind.modules) - 2
             and (self.trains or not torch.is_grad_enabled())
-            and second.forward == first.forward
-            and second.outputs == first.outputs
             and second.inputs == call.inputs
             and all(o is None or o[0].startswith("f") for o in second.outputs)
             and not any(
@@ -369,6 +372,7 @@ class Replayer:
             # the second block's input outlived its call (saved for backward): this one's does
             given = next(i for i, name in template.names.items() if name == f"in{template.grad_in}")
             call.hold = x if given in self.log.live().values() else None
+            call.held = call.hold is not None
         anchor = next((p for p in call.params if p.requires_grad), None)
         inputs = [t for t in (x, anchor) if t is not None]
         if torch.is_grad_enabled() and inputs:
@@ -471,20 +475,22 @@ class Replayer:
             for calls in kind.calls.values():
                 if not any(c.replayed for c in calls.values()):
                     continue
-                second = calls[1]
-                for position in (0, last, last + 1):
+                lead = _lead(calls)
+                assert lead is not None  # a call was replayed from it
+                second = calls[lead + 1]
+                for position in (lead, last, last + 1):
                     c = calls.get(position)
                     if c is None or (c.forward, c.outputs) != (second.forward, second.outputs):
                         why = f": {c.why}" if c is not None and c.why else ""
                         raise ReplayFailed(
                             f"the forward of block {position + 1} ({kind.label}) differs from "
-                            f"block 2's{why}"
+                            f"block {lead + 2}'s{why}"
                         )
                 self._check_outlived(kind, calls)
                 ref = calls[last]
                 if ref.backward_start is None:
                     continue
-                for position in (1, last + 1):
+                for position in (lead + 1, last + 1):
                     c = calls[position]
                     if (c.backward, c.param_grads) != (ref.backward, ref.param_grads):
                         raise ReplayFailed(
@@ -498,14 +504,27 @@ class Replayer:
         log = self.log
         freed_at = {i: n for n, (a, i, _) in enumerate(log.events) if a == "free"}
         allocs = [n for n, (a, _, _) in enumerate(log.events) if a == "alloc"]
-        second, last = calls[1], calls[len(kind.modules) - 2]
+        lead = _lead(calls)
+        assert lead is not None
+        second, last = calls[lead + 1], calls[len(kind.modules) - 2]
         assert second.forward is not None
         freed_back = set()
         if last.backward is not None:
             freed_back = {name for a, name, _ in last.backward[0] if a == "free"}
         names = _carried(second.forward[0]) - {o[0] for o in second.outputs if o} - freed_back
-        if second.grad_in is not None and f"in{second.grad_in}" not in freed_back:
-            names.add(f"in{second.grad_in}")
+        given = f"in{second.grad_in}"
+        if second.grad_in is not None and given not in freed_back:
+            # Held for backward, unless the caller freed it as the call returned, before the
+            # next call began (a LoRA block's input: its frozen layers keep none of it): then
+            # no replayed call held its own, and each was freed as it returned, likewise.
+            held = next(i for i, n in second.names.items() if n == given)
+            began = min(
+                (c.backward_start for c in calls.values() if c.backward_start is not None),
+                default=len(log.events),
+            )
+            replayed = [c for c in calls.values() if c.replayed]
+            if any(c.held for c in replayed) or not 0 <= freed_at.get(held, -1) < began:
+                names.add(given)
         for name in names:
             ends = []
             for c in (second, last, *[c for c in calls.values() if c.replayed]):
@@ -531,13 +550,32 @@ class Replayer:
             )
             n = len(kind.modules)
             if not replayed:
-                parts.append(f"every block traced: no {kind.label} block matched block 2")
+                parts.append(
+                    f"every block traced: no {kind.label} block matched block 2 or block 3"
+                )
                 continue
+            lead = min(_lead(cs) or 0 for cs in kind.calls.values())
             parts.append(
-                f"blocks {_ranges(replayed)} of {n} ({kind.label}) replayed from block 2 "
-                f"(backward from block {n - 1})"
+                f"blocks {_ranges(replayed)} of {n} ({kind.label}) replayed from block "
+                f"{lead + 2} (backward from block {n - 1})"
             )
         return "; ".join(parts)
+
+
+def _lead(calls: dict[int, _Call]) -> int | None:
+    """Where a pass's twin blocks begin: 0 where its first two blocks are alike, 1 where only
+    its second and third are (the first block of a LoRA model is given an input that needs no
+    gradient); None where neither pair is traced yet or alike."""
+    for lead in LEADS:
+        a, b = calls.get(lead), calls.get(lead + 1)
+        if (
+            a is not None
+            and b is not None
+            and b.forward is not None
+            and (a.forward, a.outputs) == (b.forward, b.outputs)
+        ):
+            return lead
+    return None
 
 
 def _first_after(sorted_positions: list[int], at: int) -> int:
