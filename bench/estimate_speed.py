@@ -108,7 +108,13 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     meta = {
-        "device": device if device == "cpu" else torch.cuda.get_device_name(),
+        "device": (
+            device
+            if device == "cpu"
+            else torch.cuda.get_device_name()
+            if torch.cuda.is_available()
+            else "cuda, estimated without CUDA (the stand-in device, in a worker process)"
+        ),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
