@@ -15,6 +15,11 @@ Known limitations:
   arguments included); randomness on a device that no argument lives on is not replayed.
 - "blocks" finds modules that repeat by class; blocks that differ in class (a stack of
   hand-written layers of different types) need a regex or a list of names.
+- A key-value cache object handed to a checkpointed block in training (transformers'
+  ``cache``, ``past_key_values`` or ``layer_past``: one with an ``update`` method) is not
+  handed on, as transformers' own gradient checkpointing does: the recompute would write it a
+  second time (a Llama's eager attention then fails on keys twice as long, T5 saves other
+  tensors). A block class that sets ``_can_checkpoint_with_cache`` keeps its cache.
 - A checkpointed single layer (a Linear, a Conv) keeps its input for backward, as the layer
   itself would, so it frees next to nothing; ``region_warnings`` says so, naming the case where
   "blocks" found only such layers (an MLP in an ``nn.Sequential``).
@@ -34,6 +39,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from jupyter_gpumem.techniques.config import CHECKPOINT_HELP, check_checkpoint_spec, check_every
 
+_CACHES = ("cache", "past_key_values", "past_key_value", "layer_past")  # transformers' names
 _BIG_REGION = 0.8  # share of the parameters above which one region saves next to nothing
 _FEW = 3  # a group with fewer members is a pair of towers rather than a stack of blocks
 
@@ -200,6 +206,7 @@ def _checkpointed_forward(
     inner = previous if previous is not None else functools.partial(type(module).forward, module)
     if not torch.is_grad_enabled():
         return inner(*args, **kwargs)
+    kwargs = _without_cache(module, kwargs)
     # Keyword arguments travel positionally so that checkpoint sees their tensors (device RNG
     # state) and so that names like `use_reentrant` cannot collide with checkpoint's own.
     keys, count = tuple(kwargs), len(args)
@@ -208,6 +215,16 @@ def _checkpointed_forward(
         return inner(*flat[:count], **dict(zip(keys, flat[count:], strict=True)))
 
     return _checkpoint(run, *args, *kwargs.values(), use_reentrant=False, preserve_rng_state=True)
+
+
+def _without_cache(module: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A block's keyword arguments with no cache for it to write (see the module's notes)."""
+    if getattr(module, "_can_checkpoint_with_cache", False):
+        return kwargs
+    return {
+        k: None if k in _CACHES and callable(getattr(v, "update", None)) else v
+        for k, v in kwargs.items()
+    }
 
 
 def is_checkpointed(module: nn.Module) -> bool:

@@ -100,6 +100,7 @@ def test_every_technique_estimates_the_same_with_blocks_replayed(
     settings = {"precision": case.precision, **TECHNIQUES[technique]}
     replayed, traced = _both(case, Config(**settings))
     _assert_same(replayed, traced)
+    assert traced.peak_bytes is not None, traced.reason  # each technique runs on each family
 
 
 def test_a_deep_decoder_is_replayed_and_says_so(deep: None) -> None:

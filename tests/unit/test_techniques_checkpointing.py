@@ -488,3 +488,90 @@ def test_hugging_face_gpt2_blocks() -> None:
     assert grads0.keys() == grads1.keys() and all(torch.equal(grads0[k], grads1[k]) for k in grads0)
     applied.revert()
     assert snapshot(model) == before
+
+
+def _hf_family(name: str) -> tuple[Any, Any]:
+    """A tiny model of transformers' ``name`` family that writes a key-value cache in
+    training, and its call that returns the loss."""
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(0, 100, (2, 16))
+    if name == "llama-eager":
+        config = transformers.LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, use_cache=True,
+        )  # fmt: skip
+        config._attn_implementation = "eager"
+        model = transformers.LlamaForCausalLM(config)
+        return model, lambda: model(input_ids=ids, labels=ids).loss
+    config = transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4, use_cache=True,
+        decoder_start_token_id=0, pad_token_id=0,
+    )
+    model = transformers.T5ForConditionalGeneration(config)
+    return model, lambda: model(input_ids=ids, labels=ids).loss
+
+
+@pytest.mark.parametrize("family", ["llama-eager", "t5"])
+def test_blocks_given_a_cache_in_training_do_not_write_it_twice(family: str) -> None:
+    """transformers' decoders hand their layers a cache in training too: a checkpointed layer
+    is given none, as transformers' own checkpointing does, or its recompute writes it again
+    (Llama's eager attention fails on keys twice as long, T5 saves other tensors)."""
+    torch.manual_seed(0)
+    model, loss_of = _hf_family(family)
+    model.train()
+
+    def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        loss = loss_of()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss0, grads0 = step()
+    applied = apply(model, checkpoint="blocks")
+    assert sum("forward" in m.__dict__ for m in model.modules()) >= 3
+    loss1, grads1 = step()
+    assert torch.equal(loss0, loss1)
+    # T5's decoder blocks sum the encoder states' gradient in another order when checkpointed
+    for k in grads0:
+        torch.testing.assert_close(grads1[k], grads0[k], rtol=1e-5, atol=1e-7)
+    applied.revert()
+
+
+class Cache:
+    def update(self, *tensors: Any) -> None:
+        raise AssertionError("a checkpointed block wrote its cache")
+
+
+class CacheReader(nn.Module):
+    """A block that reads a cache it is handed and says whether it was."""
+
+    _can_checkpoint_with_cache = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.seen: list[Any] = []
+
+    def forward(self, x: torch.Tensor, cache: Any = None, use_cache: bool = False) -> Any:
+        self.seen.append((cache, use_cache))
+        return x + self.fc(x)
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+def test_a_block_that_only_reads_its_cache_may_keep_it(keeps: bool) -> None:
+    model = nn.Sequential(*[CacheReader() for _ in range(3)])
+    for m in model:
+        m._can_checkpoint_with_cache = keeps
+    applied = apply(model, checkpoint="blocks")
+    cache = Cache()
+    x = torch.randn(2, D, requires_grad=True)
+    for m in model:
+        x = m(x, cache=cache, use_cache=True)
+    x.sum().backward()
+    # forward and recompute alike: the cache handed on only where it may be, use_cache as given
+    assert model[0].seen == [(cache if keeps else None, True)] * 2
+    with torch.no_grad():  # without grad nothing is recomputed, and the call is the caller's
+        model[1](x, cache=cache, use_cache=True)
+    assert model[1].seen[-1] == (cache, True)
+    applied.revert()
