@@ -1,6 +1,6 @@
 """How long one estimate takes, with repeated blocks replayed and with every block traced.
 
-    python bench/estimate_speed.py [bench/results/estimate_speed_cpu.json] [--device=cuda]
+    python bench/estimate_speed.py [bench/results/estimate_speed_cpu.json] [--device=cuda] [--only=NAME,...]
 
 Models from transformers' configs on the meta device (nothing materialised), estimated with
 ``device="cpu"`` (or the device named: ``cuda`` on a GPU machine) in this process, each way in
@@ -30,6 +30,13 @@ CASES: tuple[tuple[str, str, dict[str, Any], tuple[int, int], dict[str, Any], bo
      dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
           num_key_value_heads=2, vocab_size=151936), (4, 1024),
      {"precision": "bf16-autocast"}, False),
+    ("gpt2-24-layers-fp32-checkpointed", "GPT2Config",
+     dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024), (4, 512),
+     {"checkpoint": "blocks"}, False),
+    ("llama-1.5b-28-layers-bf16-autocast-checkpointed", "LlamaConfig",
+     dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+          num_key_value_heads=2, vocab_size=151936), (4, 1024),
+     {"precision": "bf16-autocast", "checkpoint": "blocks"}, False),
     ("llama-7b-32-layers-lora-bf16", "LlamaConfig",
      dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
           num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
@@ -99,11 +106,14 @@ def main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    args = [a for a in sys.argv[1:] if not a.startswith("--device")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     device = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--device=")), "cpu")
+    only = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None)
     out = Path(args[0] if args else "bench/results/estimate_speed_cpu.json")
     rows = []
     for case in CASES:
+        if only is not None and case[0] not in only:
+            continue
         row = one(case, device)
         print(json.dumps(row), flush=True)
         rows.append(row)

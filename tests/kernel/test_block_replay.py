@@ -23,7 +23,7 @@ import model_zoo  # noqa: E402 (bench/ on the path first)
 import zoo  # noqa: E402
 import zoo_shapes  # noqa: E402
 
-from jupyter_gpumem.techniques import Config  # noqa: E402
+from jupyter_gpumem.techniques import Config, blocks  # noqa: E402
 from jupyter_gpumem.tuner.estimation import block_replay  # noqa: E402
 
 LAYERS = 6
@@ -111,6 +111,31 @@ def test_a_deep_decoder_is_replayed_and_says_so(deep: None) -> None:
     ), replayed.notes
 
 
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("case", _cases("train", only=("llama-eager-fp32", "gpt2-fp32")))
+def test_checkpointed_blocks_are_replayed_and_say_so(
+    monkeypatch: pytest.MonkeyPatch, case: zoo.Case, every: int
+) -> None:
+    """A checkpointed block's input and recomputed tensors live until the whole backward ends;
+    replayed, they are freed with their twin's. Every other block checkpointed makes two kinds
+    whose calls alternate, each replayed on its own."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    layers = 12
+    monkeypatch.setitem(
+        zoo_shapes.LM, "tiny", {**zoo_shapes.LM["tiny"], "num_hidden_layers": layers}
+    )
+    config = Config(precision=case.precision, checkpoint="blocks", every=every)
+    replayed, traced = _both(case, config)
+    _assert_same(replayed, traced)
+    told = " ".join(replayed.notes)
+    model = case.build("meta", "tiny").model
+    label = type(model.get_submodule(blocks(model)[0])).__name__
+    kinds = [f"({label}, checkpointed) replayed"] + ([f"({label}) replayed"] if every == 2 else [])
+    assert all(k in told for k in kinds), replayed.notes
+
+
 @pytest.mark.parametrize("case", _cases("lora", only=("llama-lora", "mistral-lora")))
 def test_a_lora_decoder_is_replayed_from_its_second_and_third_blocks(
     deep: None, case: zoo.Case
@@ -139,7 +164,9 @@ def cuda_like_cpu(deep: None) -> Any:
     cuda_like._AIMED.pop("cpu", None)
 
 
-@pytest.mark.parametrize("technique", ["fp32", "checkpoint-some", "accumulate-bf16-autocast"])
+@pytest.mark.parametrize(
+    "technique", ["fp32", "checkpoint-all", "checkpoint-some", "accumulate-bf16-autocast"]
+)
 @pytest.mark.parametrize("case", _cases("train", only=TECHNIQUE_FAMILIES))
 def test_blocks_whose_gradients_are_summed_in_place_replay_the_same(
     cuda_like_cpu: None, case: zoo.Case, technique: str

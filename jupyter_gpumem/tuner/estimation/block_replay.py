@@ -15,6 +15,8 @@ before the replayed ones, backward running the blocks in reverse), the recompute
 checkpointed block included, and sets the parameters' gradients as that block's were set;
 where that block's input gradient was the one it was given (summed into in place, as CUDA's
 engine does: :mod:`.grad_sums`), the replayed call returns the one it is given.
+A checkpointed block keeps its input, and the tensors its recompute made, until the whole
+backward ends (its checkpoint frame holds them): a replayed one's are freed as its twin's are.
 The log therefore holds the events of the full trace, and the allocator model reads them as
 it reads any run.
 
@@ -23,9 +25,8 @@ for; where they differ the run is made again with every block traced, and the es
 notes say which way it took.
 
 Falls back to tracing every block where no kind has five blocks (silently: there is nothing
-to replay), and says why where: every kind's blocks are checkpointed (their inputs live until
-the whole backward ends), a block or
-one of its parameters has a hook, a global module hook is set, the step runs parallel ranks,
+to replay), and says why where: too few of a kind are alike once checkpointed blocks and the
+others are told apart, a block or one of its parameters has a hook, a global module hook is set, the step runs parallel ranks,
 a block's call makes a storage that outlives it and is neither its output nor freed by its
 backward, a block has more than one input or output that requires grad, or traced blocks'
 events differ.
@@ -54,7 +55,7 @@ from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 ENABLED = True  # False: every block traced (the tests' reference)
 MIN_BLOCKS = 5  # two traced first, two traced last, at least one replayed between
 LEADS = (0, 1)  # blocks before the first twin pair: none, or one that differs (LoRA's first)
-CHECKPOINTED = "every block traced: checkpointed blocks are not replayed"
+SPLIT = "every block traced: too few blocks alike among the checkpointed ones and the others"
 _NUMBERS = frozenset({"layer_idx", "layer_id", "layer_number", "block_idx", "idx"})
 
 
@@ -88,6 +89,7 @@ class _Call:
     param_grads: tuple[Any, ...] = ()  # per parameter: None, "same" or (name, layout)
     replayed: bool = False
     mine: dict[str, int] = field(default_factory=dict)  # a replayed call's storages by name
+    backward_names: dict[str, int] = field(default_factory=dict)  # its backward's, by name
     hold: Any = None  # a replayed call's input, kept until its backward frees it
     held: bool = False  # whether a replayed call kept its input so
 
@@ -182,9 +184,8 @@ class Replayer:
             by_state: dict[bool, list[Any]] = {}
             for m in modules:
                 by_state.setdefault(is_checkpointed(m), []).append(m)
-            for ckpt, ms in by_state.items():
-                # a checkpointed block's inputs die when backward ends, not with its own backward
-                if len(ms) >= MIN_BLOCKS and not ckpt:
+            for ckpt, ms in by_state.items():  # a checkpointed block's events are its own
+                if len(ms) >= MIN_BLOCKS:
                     label = type(ms[0]).__name__ + (", checkpointed" if ckpt else "")
                     self.kinds.append(_Kind(label, ms))
         self.failed: str | None = None
@@ -341,6 +342,7 @@ class Replayer:
         window = log.events[call.backward_start : call.backward_end]
         new = [i for a, i, _ in window if a == "alloc" and i not in names]
         names.update({i: f"b{j}" for j, i in enumerate(new)})
+        call.backward_names = {name: i for i, name in names.items()}
         found, _ = _canonical(
             log, call.backward_start, call.backward_end, call.backward_tags, len(log.tags), names
         )
@@ -433,12 +435,7 @@ class Replayer:
         for k, g in enumerate(call.grads_before):
             if g is not None:
                 mine[f"pg{k}"] = g
-        kept = set()
-        if template.grad_layout is not None:
-            kept.add(template.grad_layout[0])
-        for pg in template.param_grads:
-            if pg is not None and pg != "same":
-                kept.add(pg[0])
+        kept = _gradients(template)
         made: dict[str, Any] = {}
         events, tags = template.backward
         for action, name, size in events:
@@ -451,6 +448,11 @@ class Replayer:
             else:
                 raise ReplayFailed(f"block {template.position + 1}'s backward frees {name}")
         log.tags.extend((mine[name], category) for name, category in tags)
+        call.backward_names = mine
+        # what outlives the backward window (a checkpointed block's recomputed tensors, which
+        # its frame keeps until the whole backward ends) goes with the template's
+        for name in _carried(events) - kept:
+            log.then_free.setdefault(template.backward_names[name], []).append(mine[name])
         call.hold = None
         with torch.no_grad():
             for p, pg in zip(call.params, template.param_grads, strict=True):
@@ -464,6 +466,17 @@ class Replayer:
         if name == "gout" and grad is not None and layout == _layout(grad):
             return grad  # the gradient of its input was summed in place into the one it was given
         raise ReplayFailed(f"block {template.position + 1}'s input gradient is {name}")
+
+    def _free_with_twin(self, calls: dict[int, _Call], x: Any) -> None:
+        """A replayed call's input, which outlives its backward, freed as the second traced
+        block's input is (a checkpointed block's input lives until the whole backward ends)."""
+        lead = _lead(calls)
+        assert lead is not None  # a call was replayed from it
+        second = calls[lead + 1]
+        theirs = next(i for i, name in second.names.items() if name == f"in{second.grad_in}")
+        mine = self.log.index_of(x)
+        if mine is not None:
+            self.log.then_free.setdefault(theirs, []).append(mine)
 
     # -- the result ----------------------------------------------------------------------
     def check(self) -> None:
@@ -525,14 +538,22 @@ class Replayer:
             replayed = [c for c in calls.values() if c.replayed]
             if any(c.held for c in replayed) or not 0 <= freed_at.get(held, -1) < began:
                 names.add(given)
+        replayed = [c for c in calls.values() if c.replayed]
+        ends_of: list[tuple[str, list[int]]] = []
         for name in names:
             ends = []
-            for c in (second, last, *[c for c in calls.values() if c.replayed]):
+            for c in (second, last, *replayed):
                 if not c.replayed:
                     index = next((i for i, n in c.names.items() if n == name), None)
                 else:
                     index = c.mine.get(name)
                 ends.append(freed_at.get(index, -1) if index is not None else -1)
+            ends_of.append((name, ends))
+        if last.backward is not None:
+            for name in _carried(last.backward[0]) - _gradients(last):
+                got = [c.backward_names.get(name) for c in (second, last, *replayed)]
+                ends_of.append((name, [-1 if i is None else freed_at.get(i, -1) for i in got]))
+        for name, ends in ends_of:
             if min(ends) < 0 and max(ends) >= 0:
                 raise ReplayFailed(f"{kind.label}: a storage that outlives a block is freed "
                                    "for some blocks and not others")  # fmt: skip
@@ -576,6 +597,17 @@ def _lead(calls: dict[int, _Call]) -> int | None:
         ):
             return lead
     return None
+
+
+def _gradients(call: _Call) -> set[str]:
+    """Names of the gradients a call's backward makes (its input's, its parameters')."""
+    kept = set()
+    if call.grad_layout is not None:
+        kept.add(call.grad_layout[0])
+    for pg in call.param_grads:
+        if pg is not None and pg != "same":
+            kept.add(pg[0])
+    return kept
 
 
 def _first_after(sorted_positions: list[int], at: int) -> int:
@@ -664,10 +696,13 @@ def _replayed_function(torch: Any) -> Any:
             except ReplayFailed as exc:
                 replayer.failed = str(exc)
                 raise
-            if ctx.x is not None and (f"in{template.grad_in}", "free") in {
-                (name, a) for a, name, _ in template.backward[0]
-            }:
-                ctx.x = None
+            if ctx.x is not None:
+                if (f"in{template.grad_in}", "free") in {
+                    (name, a) for a, name, _ in template.backward[0]
+                }:
+                    ctx.x = None
+                else:  # it outlives backward (a checkpointed block's): it dies with its twin's
+                    replayer._free_with_twin(kind.calls[n], ctx.x)
             out: list[Any] = [None] * (5 + count)
             if has_x:
                 out[5] = got

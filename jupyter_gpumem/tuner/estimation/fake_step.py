@@ -309,7 +309,7 @@ def _run_fake(
                 if kinds:
                     replayer = block_replay.Replayer(torch, log, kinds, trains=not inference)
                     if not replayer.kinds:
-                        replayer, why = None, block_replay.CHECKPOINTED
+                        replayer, why = None, block_replay.SPLIT
                 with replayer.installed() if replayer is not None else contextlib.nullcontext():
                     window = _steps(
                         torch, applied, (warm, step), loss_fn, run_batch, log, warmup, steps
