@@ -35,11 +35,22 @@ def _one_per_family() -> list[Any]:
     ]
 
 
+CHECKPOINTED = ("llama-bf16-autocast", "gpt2-fp32", "bert-fp32", "gpt-neox-bf16-autocast")
+
+
+@pytest.mark.parametrize("checkpoint", [None, "blocks"])
 @pytest.mark.parametrize("case", _one_per_family())
 def test_the_family_estimates_the_same_with_blocks_replayed(
-    case: zoo.Case, monkeypatch: pytest.MonkeyPatch
+    case: zoo.Case, checkpoint: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """As it runs, and with every block checkpointed (their inputs and recomputed tensors
+    live until the whole backward ends) on a few families."""
+    import dataclasses
+
     import transformers
+
+    if checkpoint is not None and case.name not in CHECKPOINTED:
+        pytest.skip("checkpointed on a few families")
 
     transformers.logging.set_verbosity_error()
     monkeypatch.setitem(zoo_shapes.LM, "tiny", {**zoo_shapes.LM["tiny"], "num_hidden_layers": 6})
@@ -47,9 +58,11 @@ def test_the_family_estimates_the_same_with_blocks_replayed(
     for enabled in (True, False):
         monkeypatch.setattr(block_replay, "ENABLED", enabled)
         built = case.build("meta", "tiny")
-        found.append(
-            model_zoo.trial_of(case, built, "cuda").estimate(config=model_zoo.config_of(case))
-        )
+        config = dataclasses.replace(model_zoo.config_of(case), checkpoint=checkpoint)
+        found.append(model_zoo.trial_of(case, built, "cuda").estimate(config=config))
     replayed, traced = found
+    assert traced.peak_bytes is not None, traced.reason
     for name in FIELDS:
         assert getattr(replayed, name) == getattr(traced, name), (name, replayed.notes)
+    if checkpoint is not None:
+        assert any("checkpointed) replayed" in n for n in replayed.notes), replayed.notes

@@ -9,6 +9,7 @@ families the techniques change: precisions, checkpointing, accumulation, offload
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,18 @@ def test_every_family_estimates_the_same_with_blocks_replayed(deep: None, case: 
         kinds, _ = block_replay.eligible(torch, case.build("meta", "tiny").model, config)
         told = [n for n in replayed.notes if "replayed from block" in n or "block traced" in n]
         assert len(told) == (1 if kinds else 0), replayed.notes
+
+
+@pytest.mark.parametrize("case", _cases("train", "lora"))
+def test_every_family_checkpointed_estimates_the_same_with_blocks_replayed(
+    deep: None, case: zoo.Case
+) -> None:
+    """Every block checkpointed: the blocks' recompute in backward, and what their frames keep
+    until the whole backward ends."""
+    config = dataclasses.replace(model_zoo.config_of(case), checkpoint="blocks")
+    replayed, traced = _both(case, config)
+    _assert_same(replayed, traced)
+    assert traced.peak_bytes is not None, traced.reason
 
 
 @pytest.mark.parametrize("technique", list(TECHNIQUES))

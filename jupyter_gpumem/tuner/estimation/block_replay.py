@@ -657,6 +657,7 @@ def _canonical(
         if name is None:
             return None, "it frees a storage it was not given"
         events.append((action, name, log.sizes[i]))
+    events = _frees_sorted(events)
     tags = []
     for i, category in log.tags[t0:t1]:
         name = names.get(i)
@@ -664,6 +665,23 @@ def _canonical(
             return None, "it tags a storage it was not given"
         tags.append((name, category))
     return (tuple(events), tuple(tags)), ""
+
+
+def _frees_sorted(events: list[Any]) -> list[Any]:
+    """``events`` with each run of frees in order of name: between two allocations the order
+    of frees changes no figure (the free blocks coalesce the same), and some runs' order is
+    not the same from block to block (the tensors a checkpoint frame recomputed)."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for e in events:
+        if e[0] == "free":
+            run.append(e)
+            continue
+        out.extend(sorted(run))
+        run = []
+        out.append(e)
+    out.extend(sorted(run))
+    return out
 
 
 @functools.cache
