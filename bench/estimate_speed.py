@@ -3,8 +3,9 @@
     python bench/estimate_speed.py [bench/results/estimate_speed_cpu.json] [--device=cuda] [--only=NAME,...]
 
 Models from transformers' configs on the meta device (nothing materialised), estimated with
-``device="cpu"`` (or the device named: ``cuda`` on a GPU machine) in this process, each way in
-turn (block_replay.ENABLED), several times; the median is kept. The figures of the two ways (peak, reserved, breakdown, phase, most held)
+``device="cpu"`` (or the device named: ``cuda`` on a GPU machine) in this process: once as a
+first estimate (``first_s``: what the case pays once, imports, CUDA and the probe process
+included), then each way in turn (block_replay.ENABLED), several times; the median is kept. The figures of the two ways (peak, reserved, breakdown, phase, most held)
 must be the same: ``equal`` says whether they are.
 """
 
@@ -81,6 +82,9 @@ def one(case: tuple[Any, ...], device: str) -> dict[str, Any]:
             return {"case": name, "skipped": "needs peft"}
     trial = _trial(config_name, dims, batch, lora, device)
     row: dict[str, Any] = {"case": name, "settings": settings, "batch": list(batch)}
+    t0 = time.perf_counter()  # the first estimate of a case: imports, CUDA, the probe process
+    trial.estimate(**settings)
+    row["first_s"] = time.perf_counter() - t0
     found = {}
     for enabled, key in ((True, "replayed"), (False, "traced")):
         block_replay.ENABLED = enabled
