@@ -26,8 +26,8 @@ notes say which way it took.
 
 Falls back to tracing every block where no kind has five blocks (silently: there is nothing
 to replay), and says why where: too few of a kind are alike once checkpointed blocks and the
-others are told apart, a block or one of its parameters has a hook, a global module hook is set, the step runs parallel ranks,
-a block's call makes a storage that outlives it and is neither its output nor freed by its
+others are told apart, a block or one of its parameters has a hook, a global module hook is
+set, the step runs parallel ranks, a block's call makes a storage that outlives it and is neither its output nor freed by its
 backward, a block has more than one input or output that requires grad, or traced blocks'
 events differ.
 
@@ -525,6 +525,7 @@ class Replayer:
         if last.backward is not None:
             freed_back = {name for a, name, _ in last.backward[0] if a == "free"}
         names = _carried(second.forward[0]) - {o[0] for o in second.outputs if o} - freed_back
+        replayed = [c for c in calls.values() if c.replayed]
         given = f"in{second.grad_in}"
         if second.grad_in is not None and given not in freed_back:
             # Held for backward, unless the caller freed it as the call returned, before the
@@ -535,10 +536,8 @@ class Replayer:
                 (c.backward_start for c in calls.values() if c.backward_start is not None),
                 default=len(log.events),
             )
-            replayed = [c for c in calls.values() if c.replayed]
             if any(c.held for c in replayed) or not 0 <= freed_at.get(held, -1) < began:
                 names.add(given)
-        replayed = [c for c in calls.values() if c.replayed]
         ends_of: list[tuple[str, list[int]]] = []
         for name in names:
             ends = []
