@@ -538,7 +538,7 @@ class Replayer:
             )
             if any(c.held for c in replayed) or not 0 <= freed_at.get(held, -1) < began:
                 names.add(given)
-        ends_of: list[tuple[str, list[int]]] = []
+        ends_of: list[list[int]] = []
         for name in names:
             ends = []
             for c in (second, last, *replayed):
@@ -547,12 +547,12 @@ class Replayer:
                 else:
                     index = c.mine.get(name)
                 ends.append(freed_at.get(index, -1) if index is not None else -1)
-            ends_of.append((name, ends))
+            ends_of.append(ends)
         if last.backward is not None:
             for name in _carried(last.backward[0]) - _gradients(last):
                 got = [c.backward_names.get(name) for c in (second, last, *replayed)]
-                ends_of.append((name, [-1 if i is None else freed_at.get(i, -1) for i in got]))
-        for name, ends in ends_of:
+                ends_of.append([-1 if i is None else freed_at.get(i, -1) for i in got])
+        for ends in ends_of:
             if min(ends) < 0 and max(ends) >= 0:
                 raise ReplayFailed(f"{kind.label}: a storage that outlives a block is freed "
                                    "for some blocks and not others")  # fmt: skip
