@@ -141,7 +141,9 @@ test('search draws the front, the budget and the winner, measured; Apply applies
   const title = (await chart.locator('text.mainheading').textContent()) ?? '';
   expect(title).toMatch(/^memory saved vs step-time cost: \d+ of \d+ candidates on the front$/);
   const front = Number(title.match(/: (\d+) of/)![1]);
-  expect(front).toBeGreaterThanOrEqual(2);
+  // How many points the front holds follows the timed steps: on a busy CPU the smallest
+  // candidate can also time the fastest and beat every other one.
+  expect(front).toBeGreaterThanOrEqual(1);
   const dots = chart.locator('path.dot');
   // the front, the baseline's ring, the measured winner's ring, the winner's diamond
   await expect(dots).toHaveCount(front + 3);
