@@ -133,7 +133,7 @@ class CachingAllocator:
         self.events.append(TraceEvent("free_completed", address, block.size, time_us))
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated and neighbour.usable:
-                self._free[neighbour.small].remove((neighbour.size, neighbour.address))
+                _drop(self._free[neighbour.small], (neighbour.size, neighbour.address))
                 block = self._merge(block, neighbour)
         if block.usable:
             bisect.insort(self._free[block.small], (block.size, block.address))
@@ -143,7 +143,7 @@ class CachingAllocator:
         for address, head in list(self._heads.items()):
             if head.allocated or head.next is not None or not head.usable:
                 continue
-            self._free[head.small].remove((head.size, address))
+            _drop(self._free[head.small], (head.size, address))
             del self._blocks[address], self._heads[address]
             self.reserved -= head.size
             self.events.append(TraceEvent("segment_free", address, head.size, time_us))
@@ -223,3 +223,11 @@ class CachingAllocator:
             second.next.prev = first
         del self._blocks[second.address]
         return first
+
+
+def _drop(pool: list[tuple[int, int]], entry: tuple[int, int]) -> None:
+    """Take ``entry`` out of a sorted free list by bisection (``list.remove`` scans it all)."""
+    i = bisect.bisect_left(pool, entry)
+    if i == len(pool) or pool[i] != entry:
+        raise ValueError(f"the free list holds no block {entry[1]:#x} of {entry[0]} bytes")
+    del pool[i]
