@@ -61,14 +61,21 @@ class Faker:
             if device is None:
                 device = self.meta_to if t.is_meta and self.meta_to is not None else t.device
             base = self._bases.get(st._cdata)
-            if base is None:
-                base = self._bases[st._cdata] = torch.empty(
-                    st.nbytes(), dtype=torch.uint8, device=device
+            if base is None and t.storage_offset() == 0 and _extent(t) == st.nbytes():
+                # the tensor spans its whole storage (nearly every parameter): one op, not three
+                made = self._bases[st._cdata] = torch.empty_strided(
+                    t.size(), t.stride(), dtype=t.dtype, device=device
                 )
-            try:
-                made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
-            except RuntimeError:  # a storage whose size is no multiple of the dtype's
-                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+            else:
+                if base is None:
+                    base = torch.empty(st.nbytes(), dtype=torch.uint8, device=device)
+                elif base.dtype != torch.uint8 or base.dim() != 1:
+                    base = _bytes_of(torch, base)
+                self._bases[st._cdata] = base
+                try:
+                    made = base.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+                except RuntimeError:  # a storage whose size is no multiple of the dtype's
+                    made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
             if isinstance(t, torch.nn.Parameter):
                 made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
             else:
@@ -132,6 +139,21 @@ def swapped(torch: Any, model: Any, faker: Faker) -> Iterator[None]:
 
 
 _MISSING = object()
+
+
+def _extent(t: Any) -> int:
+    """The bytes from the start of ``t``'s first element to the end of its last."""
+    if t.numel() == 0:
+        return 0
+    return (
+        1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))
+    ) * t.element_size()
+
+
+def _bytes_of(torch: Any, whole: Any) -> Any:
+    """A fake that spans its whole storage, as the storage's bytes (uint8, one dimension)."""
+    count = whole.untyped_storage().nbytes() // whole.element_size()
+    return whole.as_strided((count,), (1,), 0).view(torch.uint8)
 
 
 @contextmanager
