@@ -230,6 +230,43 @@ def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
     assert all(p.is_meta for p in model.parameters())
 
 
+def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over 64 ranks most pieces of the K and V projections (48 rows) and some of the
+    vocabulary's are short or empty: each rank's figures with FSDP2's pieces narrowed out when
+    asked for equal those with every piece made by torch.chunk, to the byte."""
+    from contextlib import nullcontext
+
+    from jupyter_gpumem.tuner.estimation import rank_estimates
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    trial = Trial(model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu")
+    config = Config(parallel="fsdp2", world_size=64)
+
+    def figures() -> list[tuple[Any, ...]]:
+        est = trial.estimate(config=config)
+        assert est.peak_bytes is not None, est.reason
+        return [
+            (r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.most_bytes, r.phase)
+            for r in est.ranks
+        ]
+
+    on_demand = figures()
+    monkeypatch.setattr(rank_estimates, "pieces_on_demand", nullcontext)
+    every_piece = figures()
+    assert len(on_demand) == 64
+    assert len({f[3]["optimizer_state"] for f in on_demand}) > 1  # the ranks differ
+    assert on_demand == every_piece
+
+
 def test_attention_gets_what_the_real_step_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers passes SDPA no mask and ``is_causal=True`` (grouped keys and values as they
     are) in the real step; on fake tensors it took them for a trace and built a mask."""

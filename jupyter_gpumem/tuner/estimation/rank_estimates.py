@@ -38,6 +38,7 @@ from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.nccl import nccl_share
 from jupyter_gpumem.tuner.estimation.on_card import on_card
+from jupyter_gpumem.tuner.estimation.shard_pieces import pieces_on_demand
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.workload import Workload
 from jupyter_gpumem.units import format_bytes
@@ -117,7 +118,7 @@ def _ranks(
             continue
         t0 = time.perf_counter()
         try:
-            with fake_rank(rank, config.world_size):
+            with fake_rank(rank, config.world_size), pieces_on_demand():
                 run = run_fake(
                     workload.model,
                     workload.optimizer,

@@ -1,0 +1,210 @@
+"""How long the larger answers take: ranks, the largest batch, the largest generate batch, a
+search over ranks, all from the meta device.
+
+    python bench/answer_speed.py OUT.json [--device=cuda] [--only=NAME,...] [--no-traced]
+
+Each case runs in this process once with repeated blocks replayed and once with every block
+traced (``block_replay.ENABLED``; ``--no-traced`` skips the second way, for the slow cases), after a
+first answer that pays the imports, CUDA and the probe process. ``equal`` says whether the two
+ways gave the same figures (the peak and the breakdown of every rank; the batch found; the
+search's winner and its estimate). The targets (issue 55): one estimate of a 70B-class FSDP2 over
+1,024 ranks <= 10 s; ``max_batch_size`` and ``max_generate_batch`` <= 5 s; a search over 1-8
+ranks <= 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LLAMA_70B = dict(
+    vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+    num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192,
+)  # fmt: skip
+LLAMA_8B = dict(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+)  # fmt: skip
+LLAMA_1_5B = dict(
+    vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+    num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=4096,
+)  # fmt: skip
+
+
+def llama(dims: dict[str, Any], dtype: Any = None) -> Any:
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(**dims)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config).to(dtype or torch.float32)
+
+
+def lm_loss(m: Any, b: Any) -> Any:
+    return m(input_ids=b, labels=b).loss
+
+
+def trial_of(dims: dict[str, Any], batch: tuple[int, int], device: str) -> Any:
+    import torch
+
+    from jupyter_gpumem.tuner.trial import Trial
+
+    model = llama(dims)
+    ids = torch.zeros(batch, dtype=torch.long, device="meta")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device=device)
+
+
+def fsdp2_1024(device: str) -> Callable[[], Any]:
+    from jupyter_gpumem.techniques import Config
+
+    trial = trial_of(LLAMA_70B, (1, 2048), device)
+
+    def answer() -> Any:
+        est = trial.estimate(config=Config(parallel="fsdp2", world_size=1024))
+        if est.reason:
+            return ("refused", est.reason)
+        return [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown) for r in est.ranks]
+
+    return answer
+
+
+def max_batch(device: str) -> Callable[[], Any]:
+    import torch
+
+    trial = trial_of(LLAMA_1_5B, (1, 1024), device)
+
+    def answer() -> Any:
+        n = trial.max_batch_size(
+            "60GiB", lambda n: torch.zeros(n, 1024, dtype=torch.long), precision="bf16-autocast"
+        )
+        found = trial.last_search
+        return (n, found.estimate.peak_bytes if found.estimate else None, found.tried)
+
+    return answer
+
+
+def max_generate(device: str) -> Callable[[], Any]:
+    import torch
+
+    from jupyter_gpumem import max_generate_batch
+
+    model = llama(LLAMA_8B, torch.bfloat16)
+
+    def answer() -> Any:
+        found = max_generate_batch(
+            model, "60GiB", prompt_tokens=1024, max_new_tokens=256, device=device
+        )
+        return (found.batch_size, found.estimate.peak_bytes if found.estimate else None, found.tried)
+
+    return answer
+
+
+def rank_search(device: str) -> Callable[[], Any]:
+    import torch
+
+    from jupyter_gpumem.tuner.trial import Trial
+
+    model = llama(LLAMA_8B)
+    ids = torch.zeros(4, 2048, dtype=torch.long, device="meta")
+
+    def answer() -> Any:  # a trial of its own each time: a trial keeps what it estimated
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        trial = Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device=device)
+        found = trial.search("70GiB", world_sizes=(1, 2, 4, 8), progress=False)
+        return {
+            "winner": None if found.config is None else str(found.config),
+            "estimate": None if found.estimate is None else found.estimate.peak_bytes,
+            "candidates": found.candidates,
+            "anchors": found.anchors,
+        }
+
+    return answer
+
+
+CASES: dict[str, Callable[[str], Callable[[], Any]]] = {
+    "llama-70b-fsdp2-1024-ranks": fsdp2_1024,
+    "llama-1.5b-max-batch-size-bf16-autocast": max_batch,
+    "llama-8b-max-generate-batch": max_generate,
+    "llama-8b-search-1-2-4-8-ranks": rank_search,
+}
+
+
+def timed(answer: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    found = answer()
+    return time.perf_counter() - t0, found
+
+
+def one(name: str, device: str, traced: bool) -> dict[str, Any]:
+    from jupyter_gpumem.tuner.estimation import block_replay
+
+    answer = CASES[name](device)
+    row: dict[str, Any] = {"case": name}
+    row["first_s"], _ = timed(answer)
+    row["replayed_s"], replayed = timed(answer)
+    if traced:
+        block_replay.ENABLED = False
+        try:
+            row["traced_s"], found = timed(answer)
+        finally:
+            block_replay.ENABLED = True
+        row["equal"] = json.dumps(found, default=str) == json.dumps(replayed, default=str)
+        row["speedup"] = row["traced_s"] / row["replayed_s"]
+    summary = replayed if isinstance(replayed, (tuple, dict)) else ("ranks", len(replayed))
+    row["summary"] = json.loads(json.dumps(summary, default=str))
+    return row
+
+
+def main() -> None:
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    device = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--device=")), "cpu")
+    only = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None)
+    traced = "--no-traced" not in sys.argv
+    out = Path(args[0] if args else "bench/results/answer_speed_cpu.json")
+    rows = []
+    for name in CASES:
+        if only is not None and name not in only:
+            continue
+        row = one(name, device, traced)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        out.write_text(json.dumps({"meta": meta_of(device), "rows": rows}, indent=2) + "\n")
+
+
+def meta_of(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+        pieces = hasattr(_fsdp_param, "_chunk_with_empty")
+    except ImportError:
+        pieces = False
+    return {
+        "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+        "fsdp2_pieces_on_demand": pieces,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+    }
+
+
+if __name__ == "__main__":
+    main()
