@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 
@@ -55,7 +56,10 @@ def largest_fitting(
     when even ``low`` does not, with a warning that says so: never a size not tried.
 
     Peaks grow about linearly with the size, so each guess is the line through the nearest
-    estimates on both sides (doubling while none is above), kept strictly inside the bracket.
+    estimates on both sides (doubling while only one is known), kept strictly inside the
+    bracket: a peak that is a line is found in four estimates (``low``, the next, the line's
+    crossing and one past it). Where the line keeps missing on one side (a peak that curves,
+    as eager attention's does with the sequence), every third guess is the bracket's geometric middle instead.
     ``what`` names the size in warnings ("batch size").
     """
     known: dict[int, int] = {}
@@ -86,18 +90,26 @@ def largest_fitting(
         guess = 2 * lo
         if len(below) >= 2:
             guess = _crossing(below[-2], at(below[-2]), lo, at(lo), budget_bytes) + 1
-        guess = max(lo + 1, min(guess, 8 * lo))
+        guess = max(lo + 1, min(guess, LARGEST))
         if at(guess) <= budget_bytes:
             lo = guess
         else:
             hi = guess
+    same_side = 0  # guesses in a row that moved the same end of the bracket
+    last_fit: bool | None = None
     while hi - lo > 1:
-        guess = _crossing(lo, at(lo), hi, at(hi), budget_bytes)
-        guess = max(lo + 1, min(guess, hi - 1))
-        if at(guess) <= budget_bytes:
+        if same_side >= 2:  # halve the bracket's ratio: it may span orders of magnitude
+            guess = max(lo + 1, min(math.isqrt(lo * hi), hi - 1))
+        else:
+            guess = _crossing(lo, at(lo), hi, at(hi), budget_bytes)
+            guess = max(lo + 1, min(guess, hi - 1))
+        fits = at(guess) <= budget_bytes
+        if fits:
             lo = guess
         else:
             hi = guess
+        same_side = same_side + 1 if fits == last_fit else 1
+        last_fit = fits
     return lo
 
 
