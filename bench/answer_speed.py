@@ -104,7 +104,11 @@ def max_generate(device: str) -> Callable[[], Any]:
         found = max_generate_batch(
             model, "60GiB", prompt_tokens=1024, max_new_tokens=256, device=device
         )
-        return (found.batch_size, found.estimate.peak_bytes if found.estimate else None, found.tried)
+        return (
+            found.batch_size,
+            found.estimate.peak_bytes if found.estimate else None,
+            found.tried,
+        )
 
     return answer
 
@@ -166,13 +170,14 @@ def one(name: str, device: str, traced: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     device = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--device=")), "cpu")
-    only = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None)
+    only = next(
+        (a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None
+    )
     traced = "--no-traced" not in sys.argv
     out = Path(args[0] if args else "bench/results/answer_speed_cpu.json")
     rows = []

@@ -259,26 +259,30 @@ class Trial:
         *,
         gpu: str | None = None,
         count_held: bool = True,
+        progress: Any = True,
         **config: Any,
     ) -> int:
         """The largest batch ``make_batch(n)`` whose estimated peak fits ``budget``.
 
         ``make_batch`` is called under the fake mode, so its tensors take no memory; the
         estimates are in ``trial.last_search``. Raises EstimateUnavailable with the reason
-        where a size cannot be estimated. ``gpu`` and ``count_held`` as in :meth:`estimate`.
+        where a size cannot be estimated. ``gpu`` and ``count_held`` as in :meth:`estimate`,
+        ``progress`` as in :meth:`plan`.
         """
         chosen = config_of(config)
         check_config(self.workload, chosen)
-        search = max_batch_size(
-            self.workload,
-            budget,
-            make_batch,
-            low=low,
-            high=high,
-            config=chosen,
-            count_held=count_held,
-            gpu=gpu,
-        )
+        with progress_of(progress, "max_batch_size") as say:
+            search = max_batch_size(
+                self.workload,
+                budget,
+                make_batch,
+                low=low,
+                high=high,
+                config=chosen,
+                count_held=count_held,
+                gpu=gpu,
+                progress=say,
+            )
         self.last_search = search
         return search.batch_size
 

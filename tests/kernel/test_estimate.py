@@ -200,6 +200,17 @@ def test_max_batch_size_is_the_largest_whose_measured_peak_fits() -> None:
     assert measured[size] <= budget < measured[size + 1], (size, measured, budget)
 
 
+def test_max_batch_size_tells_progress_of_each_estimate_as_it_begins() -> None:
+    trial = _gpt()
+    lines: list[str] = []
+    trial.max_batch_size("1GiB", _gpt_batch, progress=lines.append)
+    search = trial.last_search
+    assert search is not None and len(lines) == len(search.tried) >= 2
+    assert lines == [f"estimating batch size {n:,}" for n, _ in search.tried]
+    with pytest.raises(TypeError, match="progress must be"):
+        trial.max_batch_size("1GiB", _gpt_batch, progress="yes")
+
+
 def test_max_batch_size_bounds() -> None:
     trial = _gpt()
     assert trial.max_batch_size("1TiB", _gpt_batch, low=2, high=5) == 5

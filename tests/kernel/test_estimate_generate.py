@@ -107,10 +107,13 @@ def test_the_largest_batch_runs_within_the_budget_and_one_more_does_not(
     )
     assert one.peak_bytes is not None and one.breakdown is not None
     budget = one.peak_bytes + 6 * (one.peak_bytes - one.breakdown["parameters"])
+    lines: list[str] = []
     found = max_generate_batch(
-        meta, budget, prompt_tokens=8, max_new_tokens=6, device="cpu", **kwargs
-    )
+        meta, budget, prompt_tokens=8, max_new_tokens=6, device="cpu", progress=lines.append,
+        **kwargs,
+    )  # fmt: skip
     assert found.batch_size > 1 and found.above is not None and len(found.tried) <= 8
+    assert lines == [f"estimating batch size {n:,}" for n, _ in found.tried]
     measured = {}
     for n in (found.batch_size, found.batch_size + 1):  # measured, as a user runs it
         shell.user_ns.update(kwargs=kwargs, n=n)

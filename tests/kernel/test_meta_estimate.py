@@ -248,7 +248,9 @@ def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
         model = transformers.LlamaForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
-    trial = Trial(model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu")
+    trial = Trial(
+        model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu"
+    )
     config = Config(parallel="fsdp2", world_size=64)
 
     def figures() -> list[tuple[Any, ...]]:

@@ -47,7 +47,9 @@ def counted(peak: Callable[[int], int]) -> tuple[Callable[[int], int], list[int]
 
 @pytest.mark.parametrize("peak", [affine, rounded, quadratic, steps], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("budget_gib", [6, 20, 75, 140])
-def test_the_answer_is_the_largest_fitting_size(peak: Callable[[int], int], budget_gib: int) -> None:
+def test_the_answer_is_the_largest_fitting_size(
+    peak: Callable[[int], int], budget_gib: int
+) -> None:
     budget = budget_gib * GiB
     tracked, calls = counted(peak)
     found = largest_fitting(tracked, budget, 1, None, "batch size")
@@ -75,9 +77,18 @@ def test_a_curving_peak_far_under_its_line_is_bracketed_by_its_middle(budget_gib
 
 
 def test_a_high_bound_and_nothing_fitting() -> None:
-    assert largest_fitting(affine, 20 * GiB, 1, 300, "batch size") == brute(affine, 20 * GiB, 1, 300)
+    assert largest_fitting(affine, 20 * GiB, 1, 300, "batch size") == brute(
+        affine, 20 * GiB, 1, 300
+    )
     assert largest_fitting(affine, 200 * GiB, 1, 300, "batch size") == 300
     with pytest.warns(UserWarning, match="even batch size 4 is estimated"):
         assert largest_fitting(affine, GiB, 4, None, "batch size") == NOTHING_FITS
     with pytest.warns(UserWarning, match="still fits"):
         assert largest_fitting(lambda n: 1, 10, 1, None, "batch size") == LARGEST
+
+
+def test_progress_is_told_of_each_estimate_once_as_it_begins() -> None:
+    lines: list[str] = []
+    tracked, calls = counted(rounded)
+    largest_fitting(tracked, 75 * GiB, 1, None, "batch size", lines.append)
+    assert lines == [f"estimating batch size {n:,}" for n in calls]

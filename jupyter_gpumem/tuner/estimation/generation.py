@@ -54,6 +54,7 @@ from jupyter_gpumem.tuner.estimation.search import (
 from jupyter_gpumem.tuner.estimation.storage_log import StorageLog
 from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 from jupyter_gpumem.tuner.estimation.untraced import untraced
+from jupyter_gpumem.tuner.progress import progress_of
 from jupyter_gpumem.tuner.rng import rng_kept
 from jupyter_gpumem.tuner.workload import indexed
 
@@ -160,6 +161,7 @@ def max_generate_batch(
     device: Any = None,
     gpu: str | None = None,
     count_held: bool = True,
+    progress: Any = True,
     **generate_kwargs: Any,
 ) -> BatchSearch:
     """The largest batch whose ``generate`` (this prompt, this output) is estimated within ``budget``.
@@ -167,7 +169,9 @@ def max_generate_batch(
     ``budget`` is bytes or a size such as ``"20GiB"``; the peak compared is the allocated
     one, as ``torch.cuda.max_memory_allocated()`` reads it. 0 where even ``low`` does not
     fit. Raises :class:`~.estimate.EstimateUnavailable` where a batch cannot be estimated.
-    ``gpu`` names the card to estimate for, as in :func:`estimate_generate`.
+    ``gpu`` names the card to estimate for, as in :func:`estimate_generate`. ``progress``: True
+    shows the estimate running once the call has taken two seconds, False nothing, a callable
+    is told of each estimate as it begins.
     """
     budget_bytes = budget_of(budget)
     low, high = sizes_of(low, high)
@@ -187,7 +191,8 @@ def max_generate_batch(
         )
 
     peak = peaks_of(batch_of, made, "batch size {}")
-    size = largest_fitting(peak, budget_bytes, low, high, "batch size")
+    with progress_of(progress, "max_generate_batch") as say:
+        size = largest_fitting(peak, budget_bytes, low, high, "batch size", say)
     return batch_search(size, low, budget_bytes, made, t0)
 
 

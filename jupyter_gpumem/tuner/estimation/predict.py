@@ -258,6 +258,7 @@ def max_batch_size(
     config: Config | None = None,
     count_held: bool = True,
     gpu: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> BatchSearch:
     """The largest batch size in [low, high] whose estimate fits ``budget``; 0 where even
     ``low`` does not (with a warning that says so).
@@ -265,7 +266,8 @@ def max_batch_size(
     Peaks grow about linearly with the batch, so each guess is the line through the nearest
     estimates on both sides (doubling while none is above), kept strictly inside the bracket:
     a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
-    ``count_held`` and ``gpu`` as in :func:`estimate_workload`.
+    ``count_held`` and ``gpu`` as in :func:`estimate_workload`; ``progress`` is told of each
+    estimate as it begins.
     """
     budget_bytes = budget_of(budget)
     checked_count_held(count_held)
@@ -291,5 +293,5 @@ def max_batch_size(
             raise EstimateUnavailable(f"batch size {n} cannot be estimated: {est.reason}")
         return est.peak_bytes
 
-    size = largest_fitting(peak, budget_bytes, low, high, "batch size")
+    size = largest_fitting(peak, budget_bytes, low, high, "batch size", progress)
     return batch_search(size, low, budget_bytes, made, t0)

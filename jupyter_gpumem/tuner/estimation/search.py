@@ -50,7 +50,12 @@ def sizes_of(low: int, high: int | None) -> tuple[int, int | None]:
 
 
 def largest_fitting(
-    peak: Callable[[int], int], budget_bytes: int, low: int, high: int | None, what: str
+    peak: Callable[[int], int],
+    budget_bytes: int,
+    low: int,
+    high: int | None,
+    what: str,
+    progress: Callable[[str], None] | None = None,
 ) -> int:
     """The largest size in [low, high] with ``peak(size) <= budget_bytes``; NOTHING_FITS (0)
     when even ``low`` does not, with a warning that says so: never a size not tried.
@@ -60,12 +65,15 @@ def largest_fitting(
     bracket: a peak that is a line is found in four estimates (``low``, the next, the line's
     crossing and one past it). Where the line keeps missing on one side (a peak that curves,
     as eager attention's does with the sequence), every third guess is the bracket's geometric middle instead.
-    ``what`` names the size in warnings ("batch size").
+    ``what`` names the size in warnings ("batch size"); ``progress`` is told of each estimate
+    as it begins ("estimating batch size 2512").
     """
     known: dict[int, int] = {}
 
     def at(n: int) -> int:
         if n not in known:
+            if progress is not None:
+                progress(f"estimating {what} {n:,}")
             known[n] = peak(n)
         return known[n]
 
