@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -235,7 +236,8 @@ def _worst(config: Config, ranks: list[Estimate], wall_s: float) -> Estimate:
 
 
 def _forked(work: Callable[[], Any]) -> tuple[Any, list[str]]:
-    """``work()`` in a forked child, its result (or its error, raised here) and its warnings."""
+    """``work()`` in a forked child, its result (or its error, raised here) and its warnings;
+    interrupted while it works, the child is ended at once and the interrupt raised."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -256,8 +258,13 @@ def _forked(work: Callable[[], Any]) -> tuple[Any, list[str]]:
             fh.write(data)
         os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as fh:
-        data = fh.read()
+    try:
+        with os.fdopen(read, "rb") as fh:
+            data = fh.read()
+    except BaseException:  # a Ctrl-C: the child's work is no one's now, and it stops with it
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
     _, status = os.waitpid(pid, 0)
     if not data:
         raise RuntimeError(
