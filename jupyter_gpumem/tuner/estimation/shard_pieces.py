@@ -64,7 +64,7 @@ def pieces_on_demand() -> Iterator[None]:
     if original is None:
         yield
         return
-    _fsdp_param._chunk_with_empty = pieces(original)
+    _fsdp_param._chunk_with_empty = pieces(original)  # type: ignore[assignment]  # a Sequence serves
     try:
         yield
     finally:
