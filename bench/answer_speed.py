@@ -85,7 +85,9 @@ def max_batch(device: str) -> Callable[[], Any]:
 
     def answer() -> Any:
         n = trial.max_batch_size(
-            "60GiB", lambda n: torch.zeros(n, 1024, dtype=torch.long), precision="bf16-autocast"
+            "60GiB",
+            lambda n: torch.zeros(n, 1024, dtype=torch.long, device="meta"),
+            precision="bf16-autocast",
         )
         found = trial.last_search
         return (n, found.estimate.peak_bytes if found.estimate else None, found.tried)

@@ -44,6 +44,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tuner.estimation.untraced",
         "tuner.estimation.stand_ins",
         "tuner.estimation.reduce_buffers",
+        "tuner.estimation.shard_pieces",
         "tuner.estimation.block_replay",
         "tuner.estimation.cuda_autocast",
         "tuner.estimation.cuda_attention",
