@@ -1,11 +1,13 @@
 """How long the larger answers take: ranks, the largest batch, the largest generate batch, a
 search over ranks, all from the meta device.
 
-    python bench/answer_speed.py OUT.json [--device=cuda] [--only=NAME,...] [--no-traced]
+    python bench/answer_speed.py OUT.json [--device=cuda] [--only=NAME,...] [--no-traced] [--in-turn]
 
 Each case runs in this process once with repeated blocks replayed and once with every block
 traced (``block_replay.ENABLED``; ``--no-traced`` skips the second way, for the slow cases), after a
-first answer that pays the imports, CUDA and the probe process. ``equal`` says whether the two
+first answer that pays the imports, CUDA and the probe process; ``--in-turn`` adds a run with
+every estimate made one after the other (``forked.ENABLED``: the rank layouts and a search's
+anchors are made at once, in forked children, where the host has the cores). ``equal`` says whether the two
 ways gave the same figures (the peak and the breakdown of every rank; the batch found; the
 search's winner and its estimate). The targets (issue 55): one estimate of a 70B-class FSDP2 over
 1,024 ranks <= 10 s; ``max_batch_size`` and ``max_generate_batch`` <= 5 s; a search over 1-8
@@ -151,13 +153,20 @@ def timed(answer: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, found
 
 
-def one(name: str, device: str, traced: bool) -> dict[str, Any]:
-    from jupyter_gpumem.tuner.estimation import block_replay
+def one(name: str, device: str, traced: bool, in_turn: bool) -> dict[str, Any]:
+    from jupyter_gpumem.tuner.estimation import block_replay, forked
 
     answer = CASES[name](device)
     row: dict[str, Any] = {"case": name}
     row["first_s"], _ = timed(answer)
     row["replayed_s"], replayed = timed(answer)
+    if in_turn:  # every estimate made one after the other, as before they were made at once
+        forked.ENABLED = False
+        try:
+            row["in_turn_s"], found = timed(answer)
+        finally:
+            forked.ENABLED = True
+        row["in_turn_equal"] = json.dumps(found, default=str) == json.dumps(replayed, default=str)
     if traced:
         block_replay.ENABLED = False
         try:
@@ -181,15 +190,27 @@ def main() -> None:
         (a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None
     )
     traced = "--no-traced" not in sys.argv
+    in_turn = "--in-turn" in sys.argv
     out = Path(args[0] if args else "bench/results/answer_speed_cpu.json")
     rows = []
     for name in CASES:
         if only is not None and name not in only:
             continue
-        row = one(name, device, traced)
+        row = one(name, device, traced, in_turn)
         print(json.dumps(row), flush=True)
         rows.append(row)
         out.write_text(json.dumps({"meta": meta_of(device), "rows": rows}, indent=2) + "\n")
+
+
+def _gpu_name() -> str:
+    """The GPU's name, asked in a process of its own: CUDA initialised here would keep the
+    next cases from forking their estimates."""
+    import subprocess
+
+    code = "import torch; print(torch.cuda.get_device_name())"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def meta_of(device: str) -> dict[str, Any]:
@@ -203,7 +224,7 @@ def meta_of(device: str) -> dict[str, Any]:
     except ImportError:
         pieces = False
     return {
-        "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+        "device": _gpu_name() if device != "cpu" else "cpu",
         "fsdp2_pieces_on_demand": pieces,
         "torch": torch.__version__,
         "transformers": transformers.__version__,

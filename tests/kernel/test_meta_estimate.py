@@ -269,6 +269,60 @@ def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
     assert on_demand == every_piece
 
 
+def test_each_shard_layout_played_in_a_forked_child_gives_what_one_process_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over 24 ranks the vocabulary's pieces (42 rows) make three layouts (full, short, empty):
+    each played in a child of its own, at once, every rank's figures equal those of the
+    layouts played one after the other in this process, to the byte."""
+    import os
+
+    from jupyter_gpumem.tuner.estimation import forked, rank_estimates
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    trial = Trial(
+        model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu"
+    )
+    config = Config(parallel="fsdp2", world_size=24)
+    assert len(rank_estimates.first_of_each_layout(model, config)) == 3
+
+    def figures() -> list[tuple[Any, ...]]:
+        est = trial.estimate(config=config)
+        assert est.peak_bytes is not None, est.reason
+        return [
+            (r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.most_bytes, r.phase)
+            for r in est.ranks
+        ]
+
+    forks: list[int] = []
+    fork = os.fork
+
+    def counted() -> int:
+        pid = fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted)
+    monkeypatch.setattr(rank_estimates, "cores", lambda: 3)
+    apart = figures()
+    assert len(forks) == 3
+    monkeypatch.setattr(rank_estimates, "can_fork", lambda torch: False)
+    here = figures()
+    assert len(forks) == 3  # none more
+    assert len(apart) == 24
+    assert len({f[3]["optimizer_state"] for f in apart}) == 3  # the layouts differ
+    assert apart == here
+    assert forked.cores() >= 1
+
+
 def test_attention_gets_what_the_real_step_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers passes SDPA no mask and ``is_causal=True`` (grouped keys and values as they
     are) in the real step; on fake tensors it took them for a trace and built a mask."""

@@ -59,6 +59,7 @@ def test_tf32_reuses_the_fp32_estimate_and_fp16_autocast_is_never_tried(
         return real(workload, config, primed=primed, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(joint, "estimate_workload", counted)
+    monkeypatch.setattr(joint, "estimated_at_once", lambda *a, **kw: {})  # all made here
     trial, budget = meta_gpt()
     found = trial.search(budget)
     assert not any(c.precision in ("tf32", "fp16-autocast") for c, _ in estimated)
@@ -89,6 +90,7 @@ def test_a_second_search_of_the_same_trial_keeps_its_anchors_until_the_workload_
         return real_time(self, config, steps)
 
     monkeypatch.setattr(joint, "estimate_workload", counted)
+    monkeypatch.setattr(joint, "estimated_at_once", lambda *a, **kw: {})  # all made here
     monkeypatch.setattr(Trial, "step_time", counted_time)
     trial = _trained(_gpt())
     base = trial.estimate()
@@ -140,6 +142,47 @@ def test_a_meta_model_is_searched_without_runs_and_the_fewest_changes_win() -> N
     tried = [c.config for c in found.confirmed]
     assert tried[-1] == found.config
     assert all(str(c).count("·") <= str(found.config).count("·") for c in tried)
+
+
+def test_anchors_made_at_once_in_forked_children_give_the_search_made_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over one and two ranks the tiny GPT's anchors are made in forked children, three at a
+    time: the search composes, confirms and picks as it does with every anchor made here."""
+    from jupyter_gpumem.tuner.estimation import forked
+    from jupyter_gpumem.tuner.planning import anchors_at_once, joint
+
+    works: list[int] = []
+    real = forked.run_forked
+
+    def counted(todo: Any, processes: int | None = None) -> Any:
+        works.append(len(todo))
+        return real(todo, processes)
+
+    monkeypatch.setattr(anchors_at_once, "run_forked", counted)
+    monkeypatch.setattr(anchors_at_once, "cores", lambda: 3)
+
+    def searched() -> tuple[Any, ...]:
+        trial, budget = meta_gpt()
+        said: list[str] = []
+        found = trial.search(budget // 2, world_sizes=(1, 2), progress=said.append)
+        rows = [(c.config, c.composed_bytes, c.estimated_bytes) for c in found.confirmed]
+        return (
+            found.config,
+            found.front,
+            rows,
+            found.reasoning,
+            found.candidates,
+            found.anchors,
+        ), said
+
+    (apart, said) = searched()
+    assert works and sum(works) >= 5  # the baseline, precisions, optimizers, ranks, blocks
+    assert any(line.startswith("estimating") and "at once" in line for line in said), said
+    monkeypatch.setattr(joint, "estimated_at_once", lambda *a, **kw: {})
+    (here, _) = searched()
+    assert apart[0] is not None and apart[0].world_size in (1, 2)
+    assert apart == here
 
 
 def test_search_and_plan_say_each_step_to_their_progress() -> None:

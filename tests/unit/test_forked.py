@@ -1,4 +1,4 @@
-"""A Ctrl-C while the ranks are played in a forked child ends the child at once."""
+"""Work done in forked children: every outcome comes back in order, and a Ctrl-C ends them all."""
 
 from __future__ import annotations
 
@@ -6,18 +6,20 @@ import os
 import signal
 import sys
 import time
+import warnings
+from pathlib import Path
 from types import FrameType
 
 import pytest
 
-from jupyter_gpumem.tuner.estimation import rank_estimates
+from jupyter_gpumem.tuner.estimation.forked import Done, run_forked
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(os, "fork") or sys.platform == "darwin", reason="the ranks fork on Linux only"
+    not hasattr(os, "fork") or sys.platform == "darwin", reason="estimates fork on Linux only"
 )
 
 
-def test_an_interrupt_ends_the_child_and_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+def _recorded_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     children: list[int] = []
     fork = os.fork
 
@@ -28,6 +30,11 @@ def test_an_interrupt_ends_the_child_and_is_raised(monkeypatch: pytest.MonkeyPat
         return pid
 
     monkeypatch.setattr(os, "fork", recorded)
+    return children
+
+
+def test_an_interrupt_ends_every_child_and_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    children = _recorded_forks(monkeypatch)
 
     def ctrl_c(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -37,17 +44,58 @@ def test_an_interrupt_ends_the_child_and_is_raised(monkeypatch: pytest.MonkeyPat
     t0 = time.perf_counter()
     try:
         with pytest.raises(KeyboardInterrupt):
-            rank_estimates._forked(lambda: time.sleep(60))
+            run_forked([lambda: time.sleep(60)] * 3, processes=2)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
-    assert time.perf_counter() - t0 < 30  # not the child's minute
-    assert len(children) == 1
-    with pytest.raises(ChildProcessError):  # ended and waited for: no zombie left
-        os.waitpid(children[0], os.WNOHANG)
+    assert time.perf_counter() - t0 < 30  # not the children's minute
+    assert len(children) == 2  # the third never started
+    for pid in children:
+        with pytest.raises(ChildProcessError):  # ended and waited for: no zombie left
+            os.waitpid(pid, os.WNOHANG)
 
 
-def test_the_childs_answer_and_its_error_come_back() -> None:
-    assert rank_estimates._forked(lambda: 41 + 1) == (42, [])
-    with pytest.raises(RuntimeError, match="estimating the ranks failed: ValueError: no"):
-        rank_estimates._forked(lambda: (_ for _ in ()).throw(ValueError("no")))
+def _warns_and_returns(k: int) -> int:
+    warnings.warn(f"work {k} warned", stacklevel=1)
+    warnings.warn(f"work {k} warned", stacklevel=1)
+    return k * k
+
+
+def _fails() -> None:
+    raise ValueError("no")
+
+
+def test_values_warnings_and_errors_come_back_in_order_of_the_works() -> None:
+    works = [lambda k=k: _warns_and_returns(k) for k in range(5)]
+    done = run_forked([*works[:2], _fails, *works[2:]], processes=2)
+    assert [d.value for d in done] == [0, 1, None, 4, 9, 16]
+    assert done[1] == Done(1, ("work 1 warned",))  # each message once
+    assert done[2].error == "ValueError: no"
+
+
+def test_a_result_that_cannot_be_pickled_is_an_error_not_a_hang() -> None:
+    (done,) = run_forked([lambda: (lambda: None)])
+    assert done.value is None
+    assert done.error is not None and "could not be sent back" in done.error
+
+
+def test_a_large_result_comes_back_whole() -> None:
+    (done,) = run_forked([lambda: b"x" * (5 << 20)])  # larger than a pipe's buffer many times
+    assert done.value == b"x" * (5 << 20)
+
+
+def _meet(folder: Path, k: int, others: int) -> int:
+    """Wait until ``others`` more works have started beside this one: true only if they run
+    at once."""
+    (folder / str(k)).touch()
+    deadline = time.monotonic() + 60
+    while len(list(folder.iterdir())) < others + 1:
+        if time.monotonic() > deadline:
+            return -1
+        time.sleep(0.01)
+    return k
+
+
+def test_the_works_run_at_once_up_to_the_processes_given(tmp_path: Path) -> None:
+    done = run_forked([lambda k=k: _meet(tmp_path, k, 2) for k in range(3)], processes=3)
+    assert [d.value for d in done] == [0, 1, 2]

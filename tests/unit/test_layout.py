@@ -33,7 +33,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.rng", "tuner.workload", "tuner.progress"),
     ("tuner.estimation.unfakeable",),
     ("tuner.estimation.storage_log", "tuner.estimation.search", "tuner.estimation.known_values"),
-    ("tuner.estimation.cuda_like", "tuner.estimation.worker_process"),
+    ("tuner.estimation.cuda_like", "tuner.estimation.worker_process", "tuner.estimation.forked"),
     (
         "tuner.estimation.kernel_temporaries",
         "tuner.estimation.output_order",
@@ -77,6 +77,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tuner.runner",),
     (
         "tuner.planning.anchor_memo",
+        "tuner.planning.anchors_at_once",
         "tuner.planning.solver",
         "tuner.planning.blocks_at_peak",
         "tuner.planning.fit",

@@ -1,27 +1,28 @@
-"""Per-rank estimates of a parallel configuration, made in one process with no GPU work.
+"""Per-rank estimates of a parallel configuration, made with no GPU work.
 
-Each rank is played in turn in a fake process group (:mod:`~jupyter_gpumem.tuner.estimation.fake_group`):
+Each rank is played in a fake process group (:mod:`~jupyter_gpumem.tuner.estimation.fake_group`):
 the trial's step runs on fake tensors of a copy of the model, which the rank's strategy wraps
 or shards (:mod:`~jupyter_gpumem.tuner.estimation.fake_step`), and its storages go through the same
 allocator model and breakdown as a one-process estimate
 (:mod:`~jupyter_gpumem.tuner.estimation.fake_peaks`). Communication buffers (FSDP2's all-gather and
 reduce-scatter buffers, DDP's buckets) are told by the code that allocated them, as in a
 measured report. Ranks whose shards have the same sizes are played once: every DDP rank, and
-every FSDP2 rank but those holding a shorter or empty last piece of some parameter.
+every FSDP2 rank but those holding a shorter or empty last piece of some parameter. Each of
+those layouts is played in a forked child, all at once where the host has the cores
+(:mod:`~jupyter_gpumem.tuner.estimation.forked`; a 70B model over 1,024 ranks has three).
 
 A rank is a fresh process: on a GPU it starts with its CUDA context and the library workspaces
-its first matmuls make, and nothing else. Where CUDA is not initialised in the kernel yet, the
-ranks are played in a forked child, which makes those workspaces as a rank would: the kernel
-stays free to fork the ranks of ``Trial.run`` (a child forked after its parent initialised CUDA
-cannot use it). Where it is initialised, the ranks are played here, from an empty device, and a
-note says the workspaces are not counted.
+its first matmuls make, and nothing else. Where CUDA is not initialised in the kernel yet, each
+layout's child makes those workspaces as a rank would: the kernel stays free to fork the ranks
+of ``Trial.run`` (a child forked after its parent initialised CUDA cannot use it). Where it is
+initialised, the ranks are played here, one after the other, from an empty device, and a note
+says the workspaces are not counted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -31,12 +32,12 @@ from dataclasses import replace
 from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
-from jupyter_gpumem.tracking.ranks import stop_inherited
 from jupyter_gpumem.tuner.estimation import fake_peaks
 from jupyter_gpumem.tuner.estimation.cards import Card
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.fake_group import fake_rank
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
+from jupyter_gpumem.tuner.estimation.forked import can_fork, cores, run_forked
 from jupyter_gpumem.tuner.estimation.nccl import nccl_share
 from jupyter_gpumem.tuner.estimation.on_card import on_card
 from jupyter_gpumem.tuner.estimation.shard_pieces import pieces_on_demand
@@ -72,32 +73,74 @@ def estimate_ranks(
 ) -> Estimate:
     """One estimate per rank of ``config``; the worst rank's figures, with ``.ranks``.
 
-    On a GPU each rank carries its verdict on ``gpu`` (default: the card present).
+    On a GPU each rank carries its verdict on ``gpu`` (default: the card present). Ranks whose
+    shards differ are played each in a forked child, at once where the host has the cores
+    (:mod:`.forked`).
     """
     import torch
 
     t0 = time.perf_counter()
     device = workload.device
-    kwargs = {"batch": batch, "make_batch": make_batch, "batch_size": batch_size, "gpu": gpu}
-    if device.type == "cuda" and not torch.cuda.is_initialized():
-        ranks, caught = _forked(lambda: _ranks(workload, config, fresh=True, **kwargs))
-        for message in caught:
+    play = functools.partial(
+        _play, workload, config, batch=batch, make_batch=make_batch, batch_size=batch_size,
+        gpu=gpu,
+    )  # fmt: skip
+    firsts = first_of_each_layout(workload.model, config)
+    fresh = device.type == "cuda" and not torch.cuda.is_initialized()
+    played: dict[tuple[int, ...], Estimate] = {}
+    if fresh or (len(firsts) > 1 and can_fork(torch) and cores() > 1):
+        done = run_forked([functools.partial(play, rank, fresh=fresh) for rank in firsts.values()])
+        for message in dict.fromkeys(m for d in done for m in d.warnings):
             warnings.warn(message, stacklevel=3)
+        for key, d in zip(firsts, done, strict=True):
+            if d.error is not None:
+                raise RuntimeError(f"estimating the ranks failed: {d.error}")
+            played[key] = d.value
     else:
-        ranks = _ranks(workload, config, fresh=False, **kwargs)
-    return _worst(config, ranks, time.perf_counter() - t0)
+        for key, rank in firsts.items():
+            played[key] = play(rank, fresh=False)
+            if played[key].peak_bytes is None:
+                break
+    return _worst(config, every_rank(workload.model, config, played), time.perf_counter() - t0)
 
 
-def _ranks(
+def first_of_each_layout(model: Any, config: Config) -> dict[tuple[int, ...], int]:
+    """The first rank of each distinct shard layout (:func:`shard_sizes`), in rank order."""
+    firsts: dict[tuple[int, ...], int] = {}
+    for rank in range(config.world_size):
+        firsts.setdefault(shard_sizes(model, config, rank), rank)
+    return firsts
+
+
+def every_rank(
+    model: Any, config: Config, played: dict[tuple[int, ...], Estimate]
+) -> list[Estimate]:
+    """Every rank's estimate, each its layout's, up to the first rank that could not be
+    estimated."""
+    out: list[Estimate] = []
+    for rank in range(config.world_size):
+        found = played.get(shard_sizes(model, config, rank))
+        if found is None:  # its layout was not played: one played before it failed
+            break
+        out.append(replace(found, rank=rank))
+        if found.peak_bytes is None:
+            break
+    return out
+
+
+def _play(
     workload: Workload,
     config: Config,
+    rank: int,
     *,
     fresh: bool,
     batch: Any,
     make_batch: Callable[[], Any] | None,
     batch_size: int | None,
     gpu: Card | None,
-) -> list[Estimate]:
+) -> Estimate:
+    """Rank ``rank`` played in a fake process group; ``fresh``: this process is new to CUDA,
+    as a rank's is."""
     import torch
 
     device = workload.device
@@ -110,68 +153,56 @@ def _ranks(
     # trial's warm-up does
     warmup = min(workload.warmup, 2)
     workspaces = fresh_workspaces(device) if cuda and not fresh else None
-    played: dict[tuple[int, ...], Estimate] = {}
-    out: list[Estimate] = []
-    for rank in range(config.world_size):
-        key = shard_sizes(workload.model, config, rank)
-        if key in played:
-            out.append(replace(played[key], rank=rank))
-            continue
-        t0 = time.perf_counter()
-        try:
-            with fake_rank(rank, config.world_size), pieces_on_demand():
-                run = run_fake(
-                    workload.model,
-                    workload.optimizer,
-                    workload.loss_fn,
-                    device,
-                    config,
-                    batch=workload.batch if batch is None else batch,
-                    make_batch=make_batch,
-                    warmup=warmup,
-                    steps=1 if warmup else min(workload.steps, 2),
-                    measured_steps=workload.steps if warmup else 1,
-                )
-        except Unfakeable as exc:
-            out.append(
-                replace(
-                    unavailable(config, device, f"rank {rank}: {exc}", batch_size, t0), rank=rank
-                )
+    t0 = time.perf_counter()
+    try:
+        with fake_rank(rank, config.world_size), pieces_on_demand():
+            run = run_fake(
+                workload.model,
+                workload.optimizer,
+                workload.loss_fn,
+                device,
+                config,
+                batch=workload.batch if batch is None else batch,
+                make_batch=make_batch,
+                warmup=warmup,
+                steps=1 if warmup else min(workload.steps, 2),
+                measured_steps=workload.steps if warmup else 1,
             )
-            return out
-        notes: list[str] = [*run.checks, *run.kernels]
-        if cuda:
-            segments, foreign = (
-                fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())
-            )
-            sizes = facts.workspace_sizes if facts is not None else ()
-            peaks = fake_peaks.cuda_peaks(run, segments, foreign, workspaces=sizes)
-            notes.extend(fake_peaks.allocator_notes())
-            if workspaces is not None:
-                notes.append(PROBED_WORKSPACES.format(size=format_bytes(workspaces)))
-            elif not fresh:
-                notes.append(NO_WORKSPACES)
-        else:
-            peaks = fake_peaks.cpu_peaks(run)
-        found = from_peaks(
-            peaks,
-            facts,
-            label=str(config),
-            device=str(device),
-            t0=t0,
-            resident_bytes=0 if cuda else None,
-            batch_size=batch_size,
-            notes=tuple(notes),
-            config=config,
-            rank=rank,
+    except Unfakeable as exc:
+        return replace(
+            unavailable(config, device, f"rank {rank}: {exc}", batch_size, t0), rank=rank
         )
-        if workspaces:
-            found = with_workspaces(found, workspaces)
-        if judge is not None:  # a rank of N GPUs talks over NCCL
-            found = on_card(found, judge, gpu, nccl_share(config.world_size))
-        played[key] = found
-        out.append(found)
-    return out
+    notes: list[str] = [*run.checks, *run.kernels]
+    if cuda:
+        segments, foreign = (
+            fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())
+        )
+        sizes = facts.workspace_sizes if facts is not None else ()
+        peaks = fake_peaks.cuda_peaks(run, segments, foreign, workspaces=sizes)
+        notes.extend(fake_peaks.allocator_notes())
+        if workspaces is not None:
+            notes.append(PROBED_WORKSPACES.format(size=format_bytes(workspaces)))
+        elif not fresh:
+            notes.append(NO_WORKSPACES)
+    else:
+        peaks = fake_peaks.cpu_peaks(run)
+    found = from_peaks(
+        peaks,
+        facts,
+        label=str(config),
+        device=str(device),
+        t0=t0,
+        resident_bytes=0 if cuda else None,
+        batch_size=batch_size,
+        notes=tuple(notes),
+        config=config,
+        rank=rank,
+    )
+    if workspaces:
+        found = with_workspaces(found, workspaces)
+    if judge is not None:  # a rank of N GPUs talks over NCCL
+        found = on_card(found, judge, gpu, nccl_share(config.world_size))
+    return found
 
 
 def with_workspaces(found: Estimate, size: int) -> Estimate:
@@ -233,44 +264,3 @@ def _worst(config: Config, ranks: list[Estimate], wall_s: float) -> Estimate:
     failed = next((r for r in ranks if r.peak_bytes is None), None)
     worst = failed or max(ranks, key=lambda r: r.peak_bytes or 0)
     return replace(worst, rank=None, ranks=tuple(ranks), wall_s=wall_s, config=config)
-
-
-def _forked(work: Callable[[], Any]) -> tuple[Any, list[str]]:
-    """``work()`` in a forked child, its result (or its error, raised here) and its warnings;
-    interrupted while it works, the child is ended at once and the interrupt raised."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        try:
-            stop_inherited()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                result = work()
-            answer: tuple[Any, ...] = ("ok", result, [str(w.message) for w in caught])
-        except BaseException as exc:
-            answer = ("error", f"{type(exc).__name__}: {exc}", [])
-        try:
-            data = pickle.dumps(answer)
-        except Exception as exc:
-            data = pickle.dumps(("error", f"the estimate could not be sent back: {exc!r}", []))
-        with os.fdopen(write, "wb") as fh:
-            fh.write(data)
-        os._exit(0)
-    os.close(write)
-    try:
-        with os.fdopen(read, "rb") as fh:
-            data = fh.read()
-    except BaseException:  # a Ctrl-C: the child's work is no one's now, and it stops with it
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        raise RuntimeError(
-            f"the process that estimates the ranks ended with no answer (wait status {status})"
-        )
-    kind, value, caught = pickle.loads(data)
-    if kind != "ok":
-        raise RuntimeError(f"estimating the ranks failed: {value}")
-    return value, caught

@@ -65,6 +65,7 @@ from jupyter_gpumem.tuner.estimation.on_card import checked_count_held
 from jupyter_gpumem.tuner.estimation.predict import estimate_workload
 from jupyter_gpumem.tuner.estimation.search import budget_of
 from jupyter_gpumem.tuner.planning.anchor_memo import Kept
+from jupyter_gpumem.tuner.planning.anchors_at_once import estimated_at_once
 from jupyter_gpumem.tuner.planning.composed import (
     Anchor,
     Anchors,
@@ -280,6 +281,12 @@ def _search(
     kept = trial.anchor_memo.for_workload(workload, count_held=count_held)
     reused: list[Config] = []
 
+    ready: dict[Config, Estimate] = {}  # made at once in forked children, not yet taken
+
+    def at_once(configs: list[Config]) -> dict[Config, Estimate]:
+        wanted = [c for c in configs if c not in kept]
+        return estimated_at_once(workload, wanted, count_held=count_held, say=say)
+
     def anchor(config: Config, *, timed: bool = True) -> Anchor | None:
         wants_time = measure and timed
         old = kept.get(config)
@@ -289,7 +296,9 @@ def _search(
             alike = (
                 made.get(replace(config, precision=None)) if config.precision == "tf32" else None
             )
-            if alike is None:
+            if config in ready:
+                found = ready.pop(config)
+            elif alike is None:
                 say(f"estimating {config}")
                 found = estimate_workload(workload, config, primed=True, count_held=count_held)
             else:  # TF32 changes how matmuls round, not what they allocate
@@ -315,6 +324,15 @@ def _search(
             lines.append(f"{config}: its step time is not known, the step failed: {error}.")
         return Anchor.of(found.peak_bytes, found.breakdown, step, spread_s)
 
+    lora_asked = lora_allowed and own is not None
+    alone = [
+        Config(),
+        *(Config(precision=p) for p in precisions[1:] if p != "tf32"),
+        *(Config(optimizer=o) for o in optimizers[1:]),
+        *[Config(lora=LORA_RANK)] * lora_asked,
+        *(Config(parallel=s, world_size=n) for n in sizes if n > 1 for s in PARALLELS),
+    ]
+    ready = at_once(alone)
     base = anchor(Config())
     if base is None:
         return _none(budget_bytes, lines, t0, made, trial)
@@ -330,7 +348,14 @@ def _search(
             f"{p or now or 'as is'}: not combined with checkpointing or micro-batches; "
             f"{by or now or 'as is'} alone is as small or smaller, and faster."
         )
-    for p in [p for p in kept_p if p not in beaten]:
+    combined = [p for p in kept_p if p not in beaten]
+    ready.update(
+        at_once(
+            [Config(checkpoint=names, precision=p) for p in combined if names]
+            + [Config(precision=p, accumulate=most) for p in combined if most > 1]
+        )
+    )
+    for p in combined:
         if names:
             whole = anchor(Config(checkpoint=names, precision=p))
             if whole is not None:
@@ -345,7 +370,7 @@ def _search(
         for p, o, k, a in itertools.product(kept_p, kept_o, counts, [1, *splits])
         if (not k or p in all_blocks) and (a == 1 or p in most_micro)
     ]
-    lora = anchor(Config(lora=LORA_RANK)) if lora_allowed and own is not None else None
+    lora = anchor(Config(lora=LORA_RANK)) if lora_asked else None
     if lora is not None:
         choices += [replace(c, lora=LORA_RANK) for c in choices if c.optimizer is None]
     offload: dict[str, Anchor] = {}
