@@ -325,14 +325,14 @@ def _search(
         return Anchor.of(found.peak_bytes, found.breakdown, step, spread_s)
 
     lora_asked = lora_allowed and own is not None
-    alone = [
+    each_alone = [
         Config(),
         *(Config(precision=p) for p in precisions[1:] if p != "tf32"),
         *(Config(optimizer=o) for o in optimizers[1:]),
         *[Config(lora=LORA_RANK)] * lora_asked,
         *(Config(parallel=s, world_size=n) for n in sizes if n > 1 for s in PARALLELS),
     ]
-    ready = at_once(alone)
+    ready = at_once(each_alone)
     base = anchor(Config())
     if base is None:
         return _none(budget_bytes, lines, t0, made, trial)
