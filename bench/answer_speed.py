@@ -80,6 +80,20 @@ def fsdp2_1024(device: str) -> Callable[[], Any]:
     return answer
 
 
+def fsdp2_1_5b_1024(device: str) -> Callable[[], Any]:
+    from jupyter_gpumem.techniques import Config
+
+    trial = trial_of(LLAMA_1_5B, (1, 1024), device)
+
+    def answer() -> Any:
+        est = trial.estimate(config=Config(parallel="fsdp2", world_size=1024))
+        if est.reason:
+            return ("refused", est.reason)
+        return [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown) for r in est.ranks]
+
+    return answer
+
+
 def max_batch(device: str) -> Callable[[], Any]:
     import torch
 
@@ -139,8 +153,32 @@ def rank_search(device: str) -> Callable[[], Any]:
     return answer
 
 
+def small_rank_search(device: str) -> Callable[[], Any]:
+    import torch
+
+    from jupyter_gpumem.tuner.trial import Trial
+
+    model = llama(LLAMA_1_5B)
+    ids = torch.zeros(2, 1024, dtype=torch.long, device="meta")
+
+    def answer() -> Any:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        trial = Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device=device)
+        found = trial.search("20GiB", world_sizes=(1, 2, 4, 8), progress=False)
+        return {
+            "winner": None if found.config is None else str(found.config),
+            "estimate": None if found.estimate is None else found.estimate.peak_bytes,
+            "candidates": found.candidates,
+            "anchors": found.anchors,
+        }
+
+    return answer
+
+
 CASES: dict[str, Callable[[str], Callable[[], Any]]] = {
     "llama-70b-fsdp2-1024-ranks": fsdp2_1024,
+    "llama-1.5b-fsdp2-1024-ranks": fsdp2_1_5b_1024,
+    "llama-1.5b-search-1-2-4-8-ranks": small_rank_search,
     "llama-1.5b-max-batch-size-bf16-autocast": max_batch,
     "llama-8b-max-generate-batch": max_generate,
     "llama-8b-search-1-2-4-8-ranks": rank_search,
