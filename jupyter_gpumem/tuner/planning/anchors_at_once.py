@@ -14,6 +14,7 @@ whole model's pinned.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 from jupyter_gpumem.techniques import Config
@@ -36,7 +37,7 @@ def estimated_at_once(
     say: Callable[[str], None],
 ) -> dict[Config, Estimate]:
     """The primed estimates of ``configs`` (as a search's anchors are made) that forked
-    children made at once; empty where they cannot be made so."""
+    children made at once, their warnings given here; empty where they cannot be made so."""
     import torch
 
     configs = list(dict.fromkeys(configs))
@@ -50,4 +51,6 @@ def estimated_at_once(
         return lambda: estimate_workload(workload, config, primed=True, count_held=count_held)
 
     done = run_forked([work(c) for c in configs], processes=width)
+    for message in dict.fromkeys(m for d in done for m in d.warnings):  # as made here, once
+        warnings.warn(message, stacklevel=3)
     return {c: d.value for c, d in zip(configs, done, strict=True) if d.error is None}
