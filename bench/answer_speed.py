@@ -66,32 +66,23 @@ def trial_of(dims: dict[str, Any], batch: tuple[int, int], device: str) -> Any:
     return Trial(model, ids, lm_loss, optimizer=opt, warmup=1, steps=1, device=device)
 
 
-def fsdp2_1024(device: str) -> Callable[[], Any]:
-    from jupyter_gpumem.techniques import Config
+def fsdp2_1024(dims: dict[str, Any], batch: tuple[int, int]) -> Callable[[str], Any]:
+    """The case of one FSDP2 estimate over 1,024 ranks of a Llama of ``dims``."""
 
-    trial = trial_of(LLAMA_70B, (1, 2048), device)
+    def case(device: str) -> Callable[[], Any]:
+        from jupyter_gpumem.techniques import Config
 
-    def answer() -> Any:
-        est = trial.estimate(config=Config(parallel="fsdp2", world_size=1024))
-        if est.reason:
-            return ("refused", est.reason)
-        return [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown) for r in est.ranks]
+        trial = trial_of(dims, batch, device)
 
-    return answer
+        def answer() -> Any:
+            est = trial.estimate(config=Config(parallel="fsdp2", world_size=1024))
+            if est.reason:
+                return ("refused", est.reason)
+            return [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown) for r in est.ranks]
 
+        return answer
 
-def fsdp2_1_5b_1024(device: str) -> Callable[[], Any]:
-    from jupyter_gpumem.techniques import Config
-
-    trial = trial_of(LLAMA_1_5B, (1, 1024), device)
-
-    def answer() -> Any:
-        est = trial.estimate(config=Config(parallel="fsdp2", world_size=1024))
-        if est.reason:
-            return ("refused", est.reason)
-        return [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown) for r in est.ranks]
-
-    return answer
+    return case
 
 
 def max_batch(device: str) -> Callable[[], Any]:
@@ -176,8 +167,8 @@ def small_rank_search(device: str) -> Callable[[], Any]:
 
 
 CASES: dict[str, Callable[[str], Callable[[], Any]]] = {
-    "llama-70b-fsdp2-1024-ranks": fsdp2_1024,
-    "llama-1.5b-fsdp2-1024-ranks": fsdp2_1_5b_1024,
+    "llama-70b-fsdp2-1024-ranks": fsdp2_1024(LLAMA_70B, (1, 2048)),
+    "llama-1.5b-fsdp2-1024-ranks": fsdp2_1024(LLAMA_1_5B, (1, 1024)),
     "llama-1.5b-search-1-2-4-8-ranks": small_rank_search,
     "llama-1.5b-max-batch-size-bf16-autocast": max_batch,
     "llama-8b-max-generate-batch": max_generate,

@@ -230,6 +230,31 @@ def test_fsdp2_ranks_of_a_meta_model_hold_their_shards_to_the_byte() -> None:
     assert all(p.is_meta for p in model.parameters())
 
 
+def _tiny_meta_llama() -> Trial:
+    """A two-layer Llama on the meta device whose pieces are short or empty over many ranks
+    (K and V projections of 48 rows, a vocabulary of 1,001)."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    return Trial(
+        model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu"
+    )
+
+
+def _rank_figures(trial: Trial, config: Config) -> list[tuple[Any, ...]]:
+    est = trial.estimate(config=config)
+    assert est.peak_bytes is not None, est.reason
+    return [
+        (r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.most_bytes, r.phase)
+        for r in est.ranks
+    ]
+
+
 def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -240,30 +265,12 @@ def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
 
     from jupyter_gpumem.tuner.estimation import rank_estimates
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
-    trial = Trial(
-        model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu"
-    )
+    trial = _tiny_meta_llama()
     config = Config(parallel="fsdp2", world_size=64)
 
-    def figures() -> list[tuple[Any, ...]]:
-        est = trial.estimate(config=config)
-        assert est.peak_bytes is not None, est.reason
-        return [
-            (r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.most_bytes, r.phase)
-            for r in est.ranks
-        ]
-
-    on_demand = figures()
+    on_demand = _rank_figures(trial, config)
     monkeypatch.setattr(rank_estimates, "pieces_on_demand", nullcontext)
-    every_piece = figures()
+    every_piece = _rank_figures(trial, config)
     assert len(on_demand) == 64
     assert len({f[3]["optimizer_state"] for f in on_demand}) > 1  # the ranks differ
     assert on_demand == every_piece
@@ -279,27 +286,10 @@ def test_each_shard_layout_played_in_a_forked_child_gives_what_one_process_gives
 
     from jupyter_gpumem.tuner.estimation import forked, rank_estimates
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
-    trial = Trial(
-        model, ids, lambda m, b: m(input_ids=b, labels=b).loss, optimizer=opt, device="cpu"
-    )
+    trial = _tiny_meta_llama()
+    model = trial.model
     config = Config(parallel="fsdp2", world_size=24)
     assert len(rank_estimates.first_of_each_layout(model, config)) == 3
-
-    def figures() -> list[tuple[Any, ...]]:
-        est = trial.estimate(config=config)
-        assert est.peak_bytes is not None, est.reason
-        return [
-            (r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.most_bytes, r.phase)
-            for r in est.ranks
-        ]
 
     forks: list[int] = []
     fork = os.fork
@@ -312,10 +302,10 @@ def test_each_shard_layout_played_in_a_forked_child_gives_what_one_process_gives
 
     monkeypatch.setattr(os, "fork", counted)
     monkeypatch.setattr(rank_estimates, "cores", lambda: 3)
-    apart = figures()
+    apart = _rank_figures(trial, config)
     assert len(forks) == 3
     monkeypatch.setattr(rank_estimates, "can_fork", lambda torch: False)
-    here = figures()
+    here = _rank_figures(trial, config)
     assert len(forks) == 3  # none more
     assert len(apart) == 24
     assert len({f[3]["optimizer_state"] for f in apart}) == 3  # the layouts differ
