@@ -279,9 +279,10 @@ def test_fsdp2_pieces_made_on_demand_give_every_rank_the_same_figures(
 def test_each_shard_layout_played_in_a_forked_child_gives_what_one_process_gives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Over 24 ranks the vocabulary's pieces (42 rows) make three layouts (full, short, empty):
-    each played in a child of its own, at once, every rank's figures equal those of the
-    layouts played one after the other in this process, to the byte."""
+    """Over 24 ranks the MLP's pieces (9 of 200 rows) and the vocabulary's (42 of 1,001) make
+    three layouts: full, a short MLP piece (rank 22), an empty one and a short vocabulary piece
+    (rank 23). Each played in a child of its own, at once, every rank's figures equal those of
+    the layouts played one after the other in this process, to the byte."""
     import os
 
     from jupyter_gpumem.tuner.estimation import forked, rank_estimates
@@ -289,7 +290,9 @@ def test_each_shard_layout_played_in_a_forked_child_gives_what_one_process_gives
     trial = _tiny_meta_llama()
     model = trial.model
     config = Config(parallel="fsdp2", world_size=24)
-    assert len(rank_estimates.first_of_each_layout(model, config)) == 3
+    keys = rank_estimates.layouts(model, config)
+    assert keys == [rank_estimates.shard_sizes(model, config, r) for r in range(24)]
+    assert len(rank_estimates.first_of_each_layout(keys)) == 3
 
     forks: list[int] = []
     fork = os.fork
