@@ -332,7 +332,7 @@ def _search(
         *[Config(lora=LORA_RANK)] * lora_asked,
         *(Config(parallel=s, world_size=n) for n in sizes if n > 1 for s in PARALLELS),
     ]
-    ready = at_once(each_alone)
+    ready.update(at_once(each_alone))
     base = anchor(Config())
     if base is None:
         return _none(budget_bytes, lines, t0, made, trial)
