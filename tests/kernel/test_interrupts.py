@@ -21,6 +21,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_gpumem
+from jupyter_gpumem.tuner.estimation.forked import cores, run_forked
 
 torch = pytest.importorskip("torch")
 
@@ -190,20 +191,34 @@ def test_every_call_of_a_trial_interrupted_leaves_nothing_behind() -> None:
     expected = trial.run(Config()).peak_allocated_bytes
     total = _injected(lambda: trial.run(Config()), None).calls
     assert total > 100 and expected
-    left: list[str] = []
-    for at in range(1, total + 1):
-        injector = _injected(lambda: trial.run(Config()), at)
-        now = _state()
-        if now != clean:
-            changed = {k: now[k] for k in now if now[k] != clean[k]}
-            left.append(f"call {at} ({injector.where}): {changed}")
-            break
-        if not all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True)):
-            left.append(f"call {at} ({injector.where}): the model's weights were not put back")
-            break
-    again = trial.run(Config())
-    assert not left, "\n".join(left)
-    assert again.status == "ok" and again.peak_allocated_bytes == expected
+
+    def injected_at(share: int, shares: int) -> tuple[int, list[str], str, int | None]:
+        """Every ``shares``-th call from ``share`` interrupted in turn, in a child forked from
+        this clean state, up to the last a whole run makes there (a run or two makes a few
+        calls more or fewer than another); those calls, what was left behind, the run after."""
+        there = _injected(lambda: trial.run(Config()), None).calls
+        left: list[str] = []
+        for at in range(1 + share, max(total, there) + 1, shares):
+            injector = _injected(lambda: trial.run(Config()), at)
+            now = _state()
+            if now != clean:
+                changed = {k: now[k] for k in now if now[k] != clean[k]}
+                left.append(f"call {at} ({injector.where}): {changed}")
+                break
+            if not all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True)):
+                left.append(f"call {at} ({injector.where}): the model's weights were not put back")
+                break
+        again = trial.run(Config())
+        return there, left, again.status, again.peak_allocated_bytes
+
+    # the calls split among the cores, each share run in turn in a child of its own
+    shares = max(1, min(cores(), 4))
+    done = run_forked([lambda k=k: injected_at(k, shares) for k in range(shares)])
+    assert all(d.error is None for d in done), [d.error for d in done]
+    for there, left, status, peak in (d.value for d in done):
+        assert there > 100  # the child's run went through our code as this one's did
+        assert not left, "\n".join(left)
+        assert status == "ok" and peak == expected
 
 
 ASYNC_CELL = """%%gpumem -o r --quiet
