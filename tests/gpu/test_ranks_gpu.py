@@ -241,10 +241,15 @@ def test_one_rank_counts_ddp_buckets_as_communication(one_rank: dict[str, Any]) 
     # first step, so a later step's peak may hold the first set as well as the new one.
     sets, rest = divmod(breakdown["communication"], breakdown["parameters"])
     assert sets in (1, 2) and rest == 0, breakdown
-    # at an optimizer peak every parameter has its gradient, and nothing else counts as one
-    # (not the optimizer's temporaries, whose blocks the next step's gradients reuse)
-    assert device["peak_phase"] == "optimizer"
-    assert breakdown["gradients"] == breakdown["parameters"]
+    # At an optimizer peak every parameter has its gradient, and nothing else counts as one
+    # (not the optimizer's temporaries, whose blocks the next step's gradients reuse). Where
+    # NCCL's stream makes its cuBLAS workspace during backward, the peak is there instead,
+    # with the second layer's gradients made and the first's not yet.
+    assert device["peak_phase"] in ("optimizer", "backward"), device["peak_phase"]
+    if device["peak_phase"] == "optimizer":
+        assert breakdown["gradients"] == breakdown["parameters"]
+    else:
+        assert 0 < breakdown["gradients"] < breakdown["parameters"]
     (fsdp,) = one_rank["fsdp"]["report"]["ranks"]
     (mine,) = one_rank["fsdp"]["own"]
     device = _main(fsdp)
