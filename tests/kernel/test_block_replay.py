@@ -161,6 +161,32 @@ def test_a_lora_decoder_is_replayed_from_its_second_and_third_blocks(
     assert f"blocks 4 of {LAYERS} (" in told and "replayed from block 3" in told, replayed.notes
 
 
+FSDP2_TECHNIQUES = ("fp32", "bf16-autocast", "checkpoint-all", "accumulate")
+
+
+@pytest.mark.parametrize("technique", FSDP2_TECHNIQUES)
+@pytest.mark.parametrize("case", _cases("train", only=TECHNIQUE_FAMILIES))
+def test_fsdp2_ranks_estimate_the_same_with_blocks_replayed(
+    deep: None, case: zoo.Case, technique: str
+) -> None:
+    """FSDP2 gathers a block's parameters before its forward and its backward, and reduces and
+    reshards after them: around a replayed block those run for real. Over three ranks, whose
+    pieces differ, every rank's figures equal the full trace's."""
+    settings = {"precision": case.precision, **TECHNIQUES[technique]}
+    config = Config(**settings, parallel="fsdp2", world_size=3)
+    replayed, traced = _both(case, config)
+    _assert_same(replayed, traced)
+    assert traced.peak_bytes is not None, traced.reason
+    figures = [
+        [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.phase) for r in e.ranks]
+        for e in (replayed, traced)
+    ]
+    assert len(figures[0]) == 3 and figures[0] == figures[1]
+    kinds, _ = block_replay.eligible(torch, case.build("meta", "tiny").model, config)
+    if kinds:  # deep enough to replay (ViT's tiny size is not)
+        assert any("replayed from block" in n for n in replayed.notes), replayed.notes
+
+
 def test_parallel_ranks_say_they_trace_every_block() -> None:
     why = block_replay.eligible(torch, torch.nn.Linear(2, 2), Config(parallel="ddp", world_size=2))
     assert why == ([], "every block traced: parallel ranks (ddp) are traced whole")

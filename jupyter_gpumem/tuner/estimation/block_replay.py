@@ -20,14 +20,21 @@ backward ends (its checkpoint frame holds them): a replayed one's are freed as i
 The log therefore holds the events of the full trace, and the allocator model reads them as
 it reads any run.
 
+A block's backward window opens as the gradient of its output reaches its last op and closes
+as the gradient of its input is made. Under FSDP2 what runs around a block (the gather of its
+parameters before its forward and backward, the prefetch of the next block's, the
+reduce-scatter of its gradients and the reshard after) runs outside both windows, through
+FSDP2's own hooks, for a replayed block as for a traced one.
+
 Every traced block's events are compared, up to renaming of storages, with those it stands
 for; where they differ the run is made again with every block traced, and the estimate's
 notes say which way it took.
 
 Falls back to tracing every block where no kind has five blocks (silently: there is nothing
 to replay), and says why where: too few of a kind are alike once checkpointed blocks and the
-others are told apart, a block or one of its parameters has a hook, a global module hook is
-set, the step runs parallel ranks, a block's call makes a storage that outlives it and is neither its output nor freed by its
+others are told apart, a block or one of its parameters has a hook (other than FSDP2's), a
+global module hook is set, the step runs DDP ranks (their buckets fill across blocks), a
+block's call makes a storage that outlives it and is neither its output nor freed by its
 backward, a block has more than one input or output that requires grad, or traced blocks'
 events differ.
 
@@ -114,7 +121,7 @@ def eligible(
 def _kinds(torch: Any, model: Any, config: Any, replay: bool) -> tuple[list[list[Any]], str]:
     if not replay:
         return [], "replay switched off"
-    if config.parallel is not None:
+    if config.parallel not in (None, "fsdp2"):
         return [], f"parallel ranks ({config.parallel}) are traced whole"
     from torch.nn.modules import module as nn_module
 
@@ -140,13 +147,23 @@ def _kinds(torch: Any, model: Any, config: Any, replay: bool) -> tuple[list[list
 def _hooked(module: Any) -> str | None:
     for sub_name, sub in module.named_modules():
         for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                     "_backward_pre_hooks", "_state_dict_hooks"):  # fmt: skip
-            if attr != "_state_dict_hooks" and getattr(sub, attr, None):
+                     "_backward_pre_hooks"):  # fmt: skip
+            if any(not _fsdp2s(h) for h in getattr(sub, attr, {}).values()):
                 return f"has a hook ({attr.strip('_')} on {sub_name or 'the block'})"
     for p_name, p in module.named_parameters():
         if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None):
             return f"has a hook on its parameter {p_name}"
     return None
+
+
+def _fsdp2s(hook: Any) -> bool:
+    """Whether ``hook`` is one of FSDP2's on a block it shards. They run around the block's
+    forward, outside the wrapper, so a replayed block gathers, reshards and reduces its own
+    parameters as a traced one does; the windows the replay copies hold only the block's ops."""
+    owner = getattr(hook, "__self__", None)  # a bound method of the block's own state
+    return type(owner).__name__ == "FSDPState" and type(owner).__module__.startswith(
+        "torch.distributed.fsdp"
+    )
 
 
 def _structure(torch: Any, module: Any) -> Any:
@@ -309,10 +326,18 @@ class Replayer:
             node = leaves[wants[0]].grad_fn
             if node is not None:
                 node.register_prehook(functools.partial(self._backward_began, call))
+            if call.grad_in is not None:
+                flat[call.grad_in].register_hook(functools.partial(self._backward_ended, call))
         return out
 
     def _backward_began(self, call: _Call, grads: Any) -> None:
         self._begin(call, grads[0] if grads else None)
+
+    def _backward_ended(self, call: _Call, grad: Any) -> None:
+        """The gradient of ``call``'s input is made: its window ends before what runs on it
+        next (FSDP2's reduce-scatter and reshard of the block, then the next block's gather)."""
+        if self._starts and self._starts[-1] is call and call.backward_end is None:
+            self._close(call, grad)
 
     def _begin(self, call: _Call, grad: Any) -> None:
         """``call``'s backward window begins, with ``grad`` the gradient of its output; the
@@ -395,13 +420,14 @@ class Replayer:
         events, tags = template.forward
         mine = {name: i for i, name in call.names.items()}
         kept = {o[0] for o in template.outputs if o is not None}
+        whole = _whole([o[:2] for o in template.outputs if o is not None])
         made: dict[str, Any] = {}
         for j, size in enumerate(template.born):  # storages with no event (empty ones)
             if not size:
                 mine[f"f{j}"] = log.virtual_alloc(0)
         for action, name, size in events:
             if action == "alloc":
-                mine[name] = self._alloc(name, size, kept, made)
+                mine[name] = self._alloc(name, size, kept, made, whole)
             else:
                 log.early_free(mine[name])
         log.tags.extend((mine[name], category) for name, category in tags)
@@ -412,13 +438,22 @@ class Replayer:
             log.then_free.setdefault(theirs[name], []).append(mine[name])
         return tuple(_view(torch, made[o[0]], o[1]) for o in template.outputs if o is not None)
 
-    def _alloc(self, name: str, size: int, kept: Any, made: dict[str, Any]) -> int:
+    def _alloc(
+        self, name: str, size: int, kept: set[str], made: dict[str, Any], whole: dict[str, Any]
+    ) -> int:
         """A storage of the template made for the call: a tensor's where it outlives the
-        window as an output or gradient, else one no tensor holds."""
+        window as an output or gradient, else one no tensor holds. One tensor that is all of
+        its storage is made as it is, not as a view of it (FSDP2 warns of a block that
+        returns a view: an in-place op on it would lose FSDP2's pre-backward hook)."""
         torch, log = self.torch, self.log
         if name not in kept:
             return log.virtual_alloc(size)
-        made[name] = torch.empty(size, dtype=torch.uint8, device=log.device)
+        layout = whole.get(name)
+        if layout is not None and _spans(layout) == size:
+            shape, stride, _, dtype = layout
+            made[name] = torch.empty_strided(shape, stride, dtype=dtype, device=log.device)
+        else:
+            made[name] = torch.empty(size, dtype=torch.uint8, device=log.device)
         index = log.index_of(made[name])
         if index is None:
             raise ReplayFailed("a replayed storage is not followed by the log")
@@ -438,9 +473,12 @@ class Replayer:
         kept = _gradients(template)
         made: dict[str, Any] = {}
         events, tags = template.backward
+        whole = _whole(
+            [template.grad_layout] + [pg for pg in template.param_grads if pg not in (None, "same")]
+        )
         for action, name, size in events:
             if action == "alloc":
-                mine[name] = self._alloc(name, size, kept, made)
+                mine[name] = self._alloc(name, size, kept, made, whole)
             elif name.startswith(("f", "b", "gout", "pg")) or (
                 name == f"in{template.grad_in}" and call.hold is not None
             ):
@@ -609,6 +647,24 @@ def _gradients(call: _Call) -> set[str]:
     return kept
 
 
+def _whole(named: Sequence[Any]) -> dict[str, Any]:
+    """Of (name, layout) pairs, the layout of each name given only one, at the start of its
+    storage: the tensor to make as it is where it spans the whole storage (:func:`_spans`)."""
+    layouts: dict[str, list[Any]] = {}
+    for pair in named:
+        if pair is not None:
+            layouts.setdefault(pair[0], []).append(pair[1])
+    return {n: ls[0] for n, ls in layouts.items() if len(ls) == 1 and ls[0][2] == 0}
+
+
+def _spans(layout: tuple[Any, ...]) -> int:
+    """The bytes of the storage ``torch.empty_strided`` makes for ``layout``."""
+    shape, stride, _, dtype = layout
+    if any(n == 0 for n in shape):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))) * dtype.itemsize
+
+
 def _first_after(sorted_positions: list[int], at: int) -> int:
     import bisect
 
@@ -636,6 +692,8 @@ def _layout(t: Any) -> tuple[Any, ...]:
 
 
 def _view(torch: Any, base: Any, layout: tuple[Any, ...]) -> Any:
+    if _layout(base) == layout:
+        return base
     shape, stride, offset, dtype = layout
     return base.view(dtype).as_strided(shape, stride, offset)
 

@@ -173,7 +173,7 @@ def _play(
         return replace(
             unavailable(config, device, f"rank {rank}: {exc}", batch_size, t0), rank=rank
         )
-    notes: list[str] = [*run.checks, *run.kernels]
+    notes: list[str] = [*run.checks, *filter(None, [run.blocks]), *run.kernels]
     if cuda:
         segments, foreign = (
             fake_peaks.start_layout(torch, device, drop=()) if fresh else ((), frozenset())
