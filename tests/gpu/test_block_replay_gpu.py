@@ -66,3 +66,32 @@ def test_the_family_estimates_the_same_with_blocks_replayed(
         assert getattr(replayed, name) == getattr(traced, name), (name, replayed.notes)
     if checkpoint is not None:
         assert any("checkpointed) replayed" in n for n in replayed.notes), replayed.notes
+
+
+@pytest.mark.parametrize("name", ["llama-bf16-autocast", "gpt2-fp32"])
+def test_fsdp2_ranks_estimate_the_same_with_blocks_replayed(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FSDP2's gathers, reduce-scatters and reshards run through its hooks around a replayed
+    block on CUDA too: every rank of three as the full trace gives it."""
+    import dataclasses
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    monkeypatch.setitem(zoo_shapes.LM, "tiny", {**zoo_shapes.LM["tiny"], "num_hidden_layers": 6})
+    case = zoo.case(name)
+    found = []
+    for enabled in (True, False):
+        monkeypatch.setattr(block_replay, "ENABLED", enabled)
+        built = case.build("meta", "tiny")
+        config = dataclasses.replace(model_zoo.config_of(case), parallel="fsdp2", world_size=3)
+        found.append(model_zoo.trial_of(case, built, "cuda").estimate(config=config))
+    replayed, traced = found
+    assert traced.peak_bytes is not None, traced.reason
+    figures = [
+        [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.phase) for r in e.ranks]
+        for e in found
+    ]
+    assert len(figures[0]) == 3 and figures[0] == figures[1]
+    assert any("replayed from block" in n for n in replayed.notes), replayed.notes
