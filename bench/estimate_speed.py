@@ -112,7 +112,9 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     device = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--device=")), "cpu")
-    only = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None)
+    only = next(
+        (a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")), None
+    )
     out = Path(args[0] if args else "bench/results/estimate_speed_cpu.json")
     rows = []
     for case in CASES:

@@ -74,7 +74,7 @@ def test_values_warnings_and_errors_come_back_in_order_of_the_works() -> None:
 
 
 def test_a_result_that_cannot_be_pickled_is_an_error_not_a_hang() -> None:
-    (done,) = run_forked([lambda: (lambda: None)])
+    (done,) = run_forked([lambda: lambda: None])
     assert done.value is None
     assert done.error is not None and "could not be sent back" in done.error
 
