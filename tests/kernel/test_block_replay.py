@@ -4,7 +4,8 @@ Each case of ``bench/zoo.py`` (training, LoRA and inference rows) is built on th
 at size ``"tiny"`` with six layers, so that its blocks repeat often enough to be replayed,
 and estimated on the CPU twice: with replay and with every block traced
 (``block_replay.ENABLED = False``). Every figure of the two estimates is the same. On a few
-families the techniques change: precisions, checkpointing, accumulation, offloading.
+families the techniques change: precisions, checkpointing, accumulation, offloading, and FSDP2's
+ranks, every rank's figures compared.
 """
 
 from __future__ import annotations
@@ -173,7 +174,21 @@ def test_fsdp2_ranks_estimate_the_same_with_blocks_replayed(
     reshards after them: around a replayed block those run for real. Over three ranks, whose
     pieces differ, every rank's figures equal the full trace's."""
     settings = {"precision": case.precision, **TECHNIQUES[technique]}
-    config = Config(**settings, parallel="fsdp2", world_size=3)
+    _assert_ranks_same(case, Config(**settings, parallel="fsdp2", world_size=3))
+
+
+@pytest.mark.parametrize("case", _cases("lora", only=("llama-lora", "mistral-lora")))
+def test_fsdp2_lora_ranks_estimate_the_same_with_blocks_replayed(
+    deep: None, case: zoo.Case
+) -> None:
+    """LoRA under FSDP2: the frozen weights gathered, only the adapters' gradients reduced."""
+    config = dataclasses.replace(model_zoo.config_of(case), parallel="fsdp2", world_size=3)
+    _assert_ranks_same(case, config)
+
+
+def _assert_ranks_same(case: zoo.Case, config: Config) -> None:
+    """Every rank's figures with blocks replayed are the full trace's, and the replay says so
+    where the model is deep enough (ViT's tiny size is not)."""
     replayed, traced = _both(case, config)
     _assert_same(replayed, traced)
     assert traced.peak_bytes is not None, traced.reason
@@ -181,9 +196,9 @@ def test_fsdp2_ranks_estimate_the_same_with_blocks_replayed(
         [(r.rank, r.peak_bytes, r.peak_reserved_bytes, r.breakdown, r.phase) for r in e.ranks]
         for e in (replayed, traced)
     ]
-    assert len(figures[0]) == 3 and figures[0] == figures[1]
+    assert len(figures[0]) == config.world_size and figures[0] == figures[1]
     kinds, _ = block_replay.eligible(torch, case.build("meta", "tiny").model, config)
-    if kinds:  # deep enough to replay (ViT's tiny size is not)
+    if kinds:
         assert any("replayed from block" in n for n in replayed.notes), replayed.notes
 
 
