@@ -9,7 +9,8 @@ first answer that pays the imports, CUDA and the probe process; ``--in-turn`` ad
 every estimate made one after the other (``forked.ENABLED``: the rank layouts and a search's
 anchors are made at once, in forked children, where the host has the cores). ``equal`` says whether the two
 ways gave the same figures (the peak and the breakdown of every rank; the batch found; the
-search's winner and its estimate). The targets (issue 55): one estimate of a 70B-class FSDP2 over
+search's winner and its estimate). Each way's ``_cpu_s`` and ``_load`` tell the time spent
+estimating from the time spent waiting (see :func:`timed`). The targets (issue 55): one estimate of a 70B-class FSDP2 over
 1,024 ranks <= 10 s; ``max_batch_size`` and ``max_generate_batch`` <= 5 s; a search over 1-8
 ranks <= 30 s.
 """
@@ -176,10 +177,22 @@ CASES: dict[str, Callable[[str], Callable[[], Any]]] = {
 }
 
 
-def timed(answer: Callable[[], Any]) -> tuple[float, Any]:
-    t0 = time.perf_counter()
+def timed(row: dict[str, Any], way: str, answer: Callable[[], Any]) -> Any:
+    """``answer()``, its wall time in ``row[way + "_s"]``; beside it the CPU time of this
+    process and of the children it waited for (the forked estimates, the probes) and the host's
+    load average as it began: a wall time far above the CPU time per busy core is time spent
+    waiting (on the GPU, or on other work on the host), not estimating."""
+    import resource
+
+    def cpu() -> float:
+        me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    row[f"{way}_load"] = os.getloadavg()[0]
+    c0, t0 = cpu(), time.perf_counter()
     found = answer()
-    return time.perf_counter() - t0, found
+    row[f"{way}_s"], row[f"{way}_cpu_s"] = time.perf_counter() - t0, cpu() - c0
+    return found
 
 
 def one(name: str, device: str, traced: bool, in_turn: bool) -> dict[str, Any]:
@@ -187,19 +200,19 @@ def one(name: str, device: str, traced: bool, in_turn: bool) -> dict[str, Any]:
 
     answer = CASES[name](device)
     row: dict[str, Any] = {"case": name}
-    row["first_s"], _ = timed(answer)
-    row["replayed_s"], replayed = timed(answer)
+    timed(row, "first", answer)
+    replayed = timed(row, "replayed", answer)
     if in_turn:  # every estimate made one after the other, as before they were made at once
         forked.ENABLED = False
         try:
-            row["in_turn_s"], found = timed(answer)
+            found = timed(row, "in_turn", answer)
         finally:
             forked.ENABLED = True
         row["in_turn_equal"] = json.dumps(found, default=str) == json.dumps(replayed, default=str)
     if traced:
         block_replay.ENABLED = False
         try:
-            row["traced_s"], found = timed(answer)
+            found = timed(row, "traced", answer)
         finally:
             block_replay.ENABLED = True
         row["equal"] = json.dumps(found, default=str) == json.dumps(replayed, default=str)
