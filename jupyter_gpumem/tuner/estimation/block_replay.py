@@ -33,10 +33,10 @@ notes say which way it took.
 Falls back to tracing every block where no kind has five blocks (silently: there is nothing
 to replay), and says why where: too few of a kind are alike once checkpointed blocks and the
 others are told apart, a block or one of its parameters has a hook (other than FSDP2's), a
-global module hook is set, the step runs DDP ranks (their buckets fill across blocks), a
-block's call makes a storage that outlives it and is neither its output nor freed by its
-backward, a block has more than one input or output that requires grad, or traced blocks'
-events differ.
+global module hook is set, the step runs DDP ranks (the reducer learns that a gradient is
+ready from the parameter's AccumulateGrad, which a replayed block does not run), a block's
+call makes a storage that outlives it and is neither its output nor freed by its backward, a
+block has more than one input or output that requires grad, or traced blocks' events differ.
 
 Known limitations:
 - What a block's forward does to Python objects it is handed (a key-value cache it
