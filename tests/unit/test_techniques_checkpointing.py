@@ -504,16 +504,9 @@ def _hf_family(name: str) -> tuple[Any, Any]:
         model = transformers.LlamaForCausalLM(config)
         return model, lambda: model(input_ids=ids, labels=ids).loss
     config = transformers.T5Config(
-        vocab_size=100,
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=3,
-        num_heads=4,
-        use_cache=True,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-    )
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4, use_cache=True,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
     model = transformers.T5ForConditionalGeneration(config)
     return model, lambda: model(input_ids=ids, labels=ids).loss
 
