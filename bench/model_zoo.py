@@ -17,16 +17,20 @@ estimates of n were made without it). n must measure within the budget and n + 1
 ``fits_estimated`` keeps the estimates of both beside ``fits_measured``.
 
 Cases run ``--jobs`` at a time on the one GPU: each process reads its own allocator's counters,
-which other processes do not touch (estimate times are then those of a shared host).
+which other processes do not touch (estimate times are then those of a shared host). Each has
+an Inductor cache of its own, empty: a compiled case compiles as on a fresh machine, its
+kernels benchmarked, never taken from another case's compile.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -296,7 +300,9 @@ def main() -> None:
         part = args.output.with_suffix(f".{case.name}.json")
         cmd = [sys.executable, __file__, str(part), "--case", case.name, "--size", args.size]
         cmd += ["--no-fits"] if args.no_fits else []
-        done = subprocess.run(cmd, text=True, capture_output=True)
+        with tempfile.TemporaryDirectory() as cache:  # compiled as on a fresh machine
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            done = subprocess.run(cmd, text=True, capture_output=True, env=env)
         if done.returncode or not part.exists():
             tail = (done.stderr or "").strip().splitlines()[-1:] or [""]
             results[case.name] = {"case": case.name, "failed": f"{done.returncode}: {tail[0]}"}

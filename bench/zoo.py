@@ -174,6 +174,22 @@ CASES: tuple[Case, ...] = (
         generate={**_GREEDY, "cache_implementation": "static"},
     ),
     Case(
+        "qwen2-tied-generate-static-compiled",
+        "qwen2-tied",
+        "generate",
+        dtype="bfloat16",
+        attention="sdpa",
+        generate={**_GREEDY, "cache_implementation": "static"},
+    ),
+    Case(
+        "gemma2-generate-static-compiled",
+        "gemma2",
+        "generate",
+        dtype="bfloat16",
+        attention="eager",
+        generate={**_GREEDY, "cache_implementation": "static"},
+    ),
+    Case(
         "qwen2-tied-generate-sample",
         "qwen2-tied",
         "generate",

@@ -43,7 +43,7 @@ ALLOCATOR_SLACK = "allocator_slack"
 # When a storage carries several tags, the most specific wins.
 _PRIORITY = {
     "parameters": 0, "optimizer_state": 1, "gradients": 2, "kv_cache": 3, "inputs": 4, "activations": 5,
-    "communication": 6,
+    "communication": 6, "cuda_graph_pool": 7,
 }  # fmt: skip
 NO_LIBRARY = LibraryMemory()
 CUDA_CLOCK_SLACK_US = 2_000  # the allocator's clock and Python's agree to well within this

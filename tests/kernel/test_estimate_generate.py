@@ -185,3 +185,52 @@ def test_a_generate_cell_carries_its_estimate(shell: InteractiveShell) -> None:
         with pytest.raises(UsageError, match=f"--estimate {given}: {says}; give the variable"):
             shell.run_cell_magic("gpumem", f"--estimate {given}", "x = 1")
     assert "x" not in shell.user_ns  # the cell did not run
+
+
+@pytest.mark.parametrize("new", [3, 12])  # every step played; the steps between skipped
+def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(new: int) -> None:
+    """generate compiles a static cache's decode calls (on CUDA; here on every device): each
+    decode call's storages are the CUDA graph pool's, the prefill's and the cache's never (the
+    call standing for a late decode step makes its cache again, which the prefill makes in
+    the real call); the warm-up and the recording each make the pool's workspace, the warm-up
+    also Inductor's benchmark flush buffer."""
+    import torch
+    import transformers
+
+    from jupyter_gpumem.tuner.estimation import graph_pool
+    from jupyter_gpumem.tuner.estimation.generation import generate_run
+
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(config).eval()
+    compiled = transformers.CompileConfig()
+    compiled._compile_all_devices = True
+    kwargs = {"cache_implementation": "static", "compile_config": compiled, "pad_token_id": 0}
+    workspace, flush = 4 << 20, 12 << 20
+    asks = graph_pool.PoolRequests((workspace,), flush)
+    run, notes = generate_run(torch, meta, torch.device("cpu"), (2, 16, new), kwargs, False, asks)
+    assert notes == (graph_pool.NOTE,)
+    kv = {i for i, category in run.tags if category == "kv_cache"}
+    pools = [i for i, category in run.tags if category == "cuda_graph_pool"]
+    assert kv and not kv & run.pooled
+    # the warm-up's flush buffer and workspace, the recording's workspace
+    assert [run.sizes[i] for i in pools] == [flush, workspace, workspace]
+    assert set(pools) <= run.pooled
+    # each capture first empties the default pool's cache: at the warm-up and the recording
+    decoding = sorted(m.time_us for m in run.marks if m.phase == "decode")
+    assert len(run.emptied) == graph_pool.RECORDED_CALLS
+    assert decoding[0] < run.emptied[0] < decoding[1] < run.emptied[1]
+    first_decode = min(m.time_us for m in run.marks if m.phase == "decode")
+    born = {i: clock for action, i, clock in run.events if action == "alloc"}
+    assert run.pooled and all(born[i] > first_decode for i in run.pooled)
+    # every decode call made some: the pool's requests come in each of them
+    decodes = sorted(m.time_us for m in run.marks if m.phase == "decode")
+    ends = [*decodes[1:], max(born.values()) + 1]
+    for start, end in zip(decodes, ends, strict=True):
+        assert any(start < born[i] < end for i in run.pooled), (start, end)
+    # without the graphs' workspaces (on the CPU), the call is refused with its reason
+    with pytest.raises(Exception, match="disable_compile=True"):
+        generate_run(torch, meta, torch.device("cpu"), (2, 16, new), kwargs, False)

@@ -197,3 +197,56 @@ def test_the_most_each_category_holds_at_once() -> None:
     # the activation freed before a second one of the same category: the most is one of them
     twice = replace(_run(), tags=((5, "activations"), (6, "activations")))
     assert most_held(twice)["activations"] == 6 * MiB + MiB  # both alive between 10 and 11
+
+
+def test_a_private_pool_keeps_its_segments_to_itself() -> None:
+    """A CUDA graph's pool: its requests never take the default pool's free blocks, nor the
+    default pool its; empty_cache keeps its segments, and the layout marks them private."""
+    alloc = CachingAllocator()
+    freed = alloc.malloc(4 * MiB)
+    alloc.free(freed)
+    pooled = alloc.malloc(4 * MiB, pool=1)
+    assert pooled != freed and alloc.reserved == 2 * 20 * MiB  # a segment of the pool's own
+    again = alloc.malloc(2 * MiB, pool=1)  # carved from the pool's segment
+    assert pooled < again < pooled + 20 * MiB
+    alloc.free(pooled)
+    alloc.free(again)
+    assert alloc.malloc(3 * MiB) == freed  # the default pool's block, not the pool's
+    alloc.empty_cache()
+    assert [(s.total_size, s.private_pool) for s in alloc.layout()] == [
+        (20 * MiB, False),
+        (20 * MiB, True),
+    ]
+    assert replay(alloc.layout(), [], allocated_start=3 * MiB, reserved_start=40 * MiB).exact
+
+
+def test_storages_made_in_a_graph_pool_are_placed_in_a_pool_of_their_own() -> None:
+    """The same run with its step's activation made in a CUDA graph's pool: it takes a segment
+    of the pool's own instead of the default pool's free block, reserved beside it."""
+    plain = cuda_peaks(_run(), ())
+    pooled = cuda_peaks(replace(_run(), pooled=frozenset({5})), ())
+    assert pooled.peak_bytes == plain.peak_bytes
+    assert pooled.peak_reserved_bytes == plain.peak_reserved_bytes + 20 * MiB
+
+
+def test_a_capture_empties_the_default_pools_cache_first() -> None:
+    """A 30 MiB temporary freed, then one of a CUDA graph's pool: held beside the first's
+    cached segment (80 MiB reserved), unless a capture emptied the cache between (50 MiB)."""
+    run = FakeRun(
+        device="cuda:0",
+        sizes=(4 * MiB, 30 * MiB, 30 * MiB),
+        real={},
+        existing=(0,),
+        events=(("alloc", 1, 1), ("free", 1, 2), ("alloc", 2, 4), ("free", 2, 5)),
+        window=0,
+        window_clock=1,
+        live_at_window=(0,),
+        reachable=frozenset({0}),
+        tags=((0, "parameters"),),
+        marks=(),
+        pooled=frozenset({2}),
+    )
+    assert cuda_peaks(run, ()).peak_reserved_bytes == 20 * MiB + 30 * MiB + 30 * MiB
+    emptied = cuda_peaks(replace(run, emptied=(3,)), ())
+    assert emptied.peak_reserved_bytes == 20 * MiB + 30 * MiB
+    assert emptied.peak_bytes == 4 * MiB + 30 * MiB

@@ -15,7 +15,9 @@ The rules (``c10/cuda/CUDACachingAllocator.cpp``, default settings):
   (large pool); otherwise the whole block is allocated and counted;
 - with no block large enough, a segment is reserved: 2 MiB for the small pool, 20 MiB for
   requests under 10 MiB, else the request rounded up to 2 MiB;
-- a freed block merges with free neighbours of its segment; segments are kept (reserved).
+- a freed block merges with free neighbours of its segment; segments are kept (reserved);
+- a private pool (a CUDA graph's) serves only the requests made in it, from segments of its own,
+  which ``empty_cache`` keeps.
 
 Pure: touches neither torch nor CUDA.
 
@@ -59,6 +61,7 @@ class _Block:
     segment: int
     small: bool
     usable: bool  # False for blocks of segments on other streams
+    pool: int = 0  # 0: the default pool; others: private pools (CUDA graphs')
     requested: int | None = None  # what the allocated block's tensor asked for, where known
     prev: _Block | None = None
     next: _Block | None = None
@@ -79,7 +82,8 @@ class CachingAllocator:
         self.reserved = 0
         self._blocks: dict[int, _Block] = {}
         self._heads: dict[int, _Block] = {}  # segment address -> its first block
-        self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # (size, address)
+        # (pool, small) -> free blocks as (size, address)
+        self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {(0, True): [], (0, False): []}
         end = 1 << 32
         for seg in sorted(segments, key=lambda s: s.address):
             self._add_segment(seg, usable=seg.address not in foreign)
@@ -88,17 +92,22 @@ class CachingAllocator:
 
     # -- the allocator's two calls ---------------------------------------------------------
     def malloc(
-        self, requested: int, time_us: int = 0, frames: Sequence[Mapping[str, Any]] = ()
+        self,
+        requested: int,
+        time_us: int = 0,
+        frames: Sequence[Mapping[str, Any]] = (),
+        pool: int = 0,
     ) -> int:
-        """Allocate ``requested`` bytes; returns the block's address. ``frames``: who asked."""
+        """Allocate ``requested`` bytes in ``pool`` (0: the default one); returns the block's
+        address. ``frames``: who asked."""
         size = round_size(requested)
         small = size <= SMALL_SIZE
-        pool = self._free[small]
-        i = bisect.bisect_left(pool, (size, -1))
-        if i < len(pool):
-            block = self._blocks[pool.pop(i)[1]]
+        free = self._free.setdefault((pool, small), [])
+        i = bisect.bisect_left(free, (size, -1))
+        if i < len(free):
+            block = self._blocks[free.pop(i)[1]]
         else:
-            block = self._new_segment(segment_size(size), small, time_us)
+            block = self._new_segment(segment_size(size), small, time_us, pool)
         remaining = block.size - size
         if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
             rest = _Block(
@@ -108,6 +117,7 @@ class CachingAllocator:
                 block.segment,
                 small,
                 True,
+                pool,
                 prev=block,
                 next=block.next,
             )
@@ -116,7 +126,7 @@ class CachingAllocator:
             block.next = rest
             block.size = size
             self._blocks[rest.address] = rest
-            bisect.insort(pool, (rest.size, rest.address))
+            bisect.insort(free, (rest.size, rest.address))
         block.allocated, block.requested = True, requested
         self.allocated += block.size
         self.events.append(TraceEvent("alloc", block.address, requested, time_us, frames))
@@ -133,17 +143,20 @@ class CachingAllocator:
         self.events.append(TraceEvent("free_completed", address, block.size, time_us))
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated and neighbour.usable:
-                _drop(self._free[neighbour.small], (neighbour.size, neighbour.address))
+                _drop(
+                    self._free[neighbour.pool, neighbour.small], (neighbour.size, neighbour.address)
+                )
                 block = self._merge(block, neighbour)
         if block.usable:
-            bisect.insort(self._free[block.small], (block.size, block.address))
+            bisect.insort(self._free[block.pool, block.small], (block.size, block.address))
 
     def empty_cache(self, time_us: int = 0) -> None:
-        """Release every segment that holds no allocated block, as ``torch.cuda.empty_cache()``."""
+        """Release every segment of the default pool that holds no allocated block, as
+        ``torch.cuda.empty_cache()``."""
         for address, head in list(self._heads.items()):
-            if head.allocated or head.next is not None or not head.usable:
+            if head.allocated or head.next is not None or not head.usable or head.pool:
                 continue
-            _drop(self._free[head.small], (head.size, address))
+            _drop(self._free[0, head.small], (head.size, address))
             del self._blocks[address], self._heads[address]
             self.reserved -= head.size
             self.events.append(TraceEvent("segment_free", address, head.size, time_us))
@@ -165,7 +178,7 @@ class CachingAllocator:
                 blocks.append(BlockState(block.address, block.size, state, block.requested))
                 total += block.size
                 block = block.next
-            out.append(SegmentState(address, total, head.small, tuple(blocks)))
+            out.append(SegmentState(address, total, head.small, tuple(blocks), head.pool != 0))
         return tuple(out)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -181,7 +194,7 @@ class CachingAllocator:
                 seg.address,
                 seg.is_small,
                 usable,
-                b.requested_size if allocated else None,
+                requested=b.requested_size if allocated else None,
                 prev=prev,
             )
             if prev is None:
@@ -201,14 +214,14 @@ class CachingAllocator:
                 at = self._merge(at, nxt)
                 continue
             if not at.allocated and usable:
-                bisect.insort(self._free[at.small], (at.size, at.address))
+                bisect.insort(self._free[0, at.small], (at.size, at.address))
             at = nxt
         self.reserved += seg.total_size
 
-    def _new_segment(self, size: int, small: bool, time_us: int) -> _Block:
+    def _new_segment(self, size: int, small: bool, time_us: int, pool: int) -> _Block:
         address = self._next_address
         self._next_address += ROUND_LARGE * -(-size // ROUND_LARGE)
-        block = _Block(address, size, False, address, small, True)
+        block = _Block(address, size, False, address, small, True, pool)
         self._blocks[address] = block
         self._heads[address] = block
         self.reserved += size

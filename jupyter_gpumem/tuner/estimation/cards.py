@@ -9,7 +9,9 @@ picks by architecture (32 MiB per handle from Hopper on, 4 MiB x 2 + 16 KiB x 8 
 it to the target's. The CUDA context depends mostly on the libraries loaded, so the present
 card's measured context stands for the target's, and the estimate says so. The multiprocessors
 and their threads (the vendor's specifications; the H100's are the SXM part's, 114 on PCIe)
-size CUDA's reduction buffers (:mod:`.reduce_buffers`) where an estimate is made without CUDA.
+size CUDA's reduction buffers (:mod:`.reduce_buffers`) where an estimate is made without CUDA;
+the L2 cache (the vendor's figure, the H200's as CUDA reports it) sizes the buffer Inductor's
+benchmarks flush (:mod:`.graph_pool`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Card:
     # what CUDA's reduction kernels size their staging buffers by (the SXM part's for the H100)
     multiprocessors: int = 132
     threads_per_multiprocessor: int = 2048
+    # the L2 cache (the vendor's figure; the H200's as CUDA reports it): Inductor's benchmarks
+    # of a kernel it compiles flush a buffer this size (:mod:`.graph_pool`)
+    l2_cache_bytes: int = 0
 
     @property
     def bf16(self) -> bool:
@@ -46,18 +51,18 @@ class Card:
 
 CARDS: tuple[Card, ...] = (
     Card("H100-80GB", 85_017_493_504, (9, 0), "measured: H100 80GB HBM3 (SXM), torch total_memory",
-         ("h100", "h100-sxm", "h100-pcie", "nvidia h100 80gb hbm3")),
+         ("h100", "h100-sxm", "h100-pcie", "nvidia h100 80gb hbm3"), l2_cache_bytes=50 * MiB),
     Card("H200", 150_109_880_320, (9, 0), "measured: H200 141GB HBM3e (SXM), torch total_memory",
-         ("h200-141gb", "nvidia h200")),
+         ("h200-141gb", "nvidia h200"), l2_cache_bytes=60 * MiB),
     Card("A100-80GB", 81_920 * MiB, (8, 0), "nvidia-smi memory.total, A100-SXM4-80GB",
-         ("a100-sxm4-80gb", "a100-pcie-80gb"), 108),
+         ("a100-sxm4-80gb", "a100-pcie-80gb"), 108, l2_cache_bytes=40 * MiB),
     Card("A100-40GB", 40_960 * MiB, (8, 0), "nvidia-smi memory.total, A100-SXM4-40GB",
-         ("a100", "a100-sxm4-40gb"), 108),
-    Card("L4", 23_034 * MiB, (8, 9), "nvidia-smi memory.total, ECC on", (), 58, 1536),
-    Card("A10G", 23_028 * MiB, (8, 6), "nvidia-smi memory.total, ECC on (AWS g5)", (), 80, 1536),
-    Card("RTX-4090", 24_564 * MiB, (8, 9), "nvidia-smi memory.total", ("4090", "geforce rtx 4090"), 128, 1536),
-    Card("RTX-3090", 24_576 * MiB, (8, 6), "nvidia-smi memory.total", ("3090", "geforce rtx 3090"), 82, 1536),
-    Card("T4", 15_360 * MiB, (7, 5), "nvidia-smi memory.total, ECC on", ("tesla t4",), 40, 1024),
+         ("a100", "a100-sxm4-40gb"), 108, l2_cache_bytes=40 * MiB),
+    Card("L4", 23_034 * MiB, (8, 9), "nvidia-smi memory.total, ECC on", (), 58, 1536, 48 * MiB),
+    Card("A10G", 23_028 * MiB, (8, 6), "nvidia-smi memory.total, ECC on (AWS g5)", (), 80, 1536, 6 * MiB),
+    Card("RTX-4090", 24_564 * MiB, (8, 9), "nvidia-smi memory.total", ("4090", "geforce rtx 4090"), 128, 1536, 72 * MiB),
+    Card("RTX-3090", 24_576 * MiB, (8, 6), "nvidia-smi memory.total", ("3090", "geforce rtx 3090"), 82, 1536, 6 * MiB),
+    Card("T4", 15_360 * MiB, (7, 5), "nvidia-smi memory.total, ECC on", ("tesla t4",), 40, 1024, 4 * MiB),
 )  # fmt: skip
 
 

@@ -118,6 +118,7 @@ def facts(card: cards.Card) -> DeviceFacts:
         capability=card.capability,
         workspace_bytes=sum(sizes),
         context_bytes=CONTEXT_BYTES,
+        l2_cache_bytes=card.l2_cache_bytes,
     )
 
 

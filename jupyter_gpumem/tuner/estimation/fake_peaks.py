@@ -44,6 +44,7 @@ from jupyter_gpumem.tuner.estimation.repeated_steps import repeated
 from jupyter_gpumem.units import format_bytes
 
 HELD_BEFORE = "held_before"  # the category of what the process held before the call
+PRIVATE_POOL = 1  # the allocator model's pool for the run's storages made in a CUDA graph's pool
 _MODELLED_CONF = ("expandable_segments", "max_split_size_mb", "roundup_power2", "cudaMallocAsync")
 
 
@@ -76,6 +77,7 @@ class DeviceFacts:
     # where torch cannot tell the library workspaces by address: what each asks for, to tell
     # them by (empty where it can: start_layout marks them, as WorkspaceBlock)
     workspace_sizes: tuple[int, ...] = ()
+    l2_cache_bytes: int = 0  # the card's L2 cache (Inductor's benchmarks flush a buffer this size)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def device_facts(torch: Any, device: Any) -> DeviceFacts:
         workspace_bytes=made,
         context_bytes=None if nvml is None else max(0, nvml - reserved),
         workspace_sizes=() if found else tuple(w.requested for w in workspaces(torch, index)),
+        l2_cache_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
     )
     _FACTS[key] = facts
     return facts
@@ -389,7 +392,10 @@ def cuda_peaks(
     born: dict[int, int] = {}  # storage -> clock, for those the measured steps allocate
     at_birth: dict[int, int] = {}
     window: tuple[tuple[SegmentState, ...], int, int, int, dict[int, int]] | None = None
+    emptied = list(reversed(run.emptied))  # the next one last
     for n, (action, i, clock) in enumerate(run.events):
+        while emptied and emptied[-1] < clock:
+            alloc.empty_cache(emptied.pop())
         if n in ends:
             layout = alloc.layout()
             if layout == ended:
@@ -406,7 +412,8 @@ def cuda_peaks(
             )
         if action == "alloc":
             if run.sizes[i]:
-                address[i] = alloc.malloc(run.sizes[i], clock, run.communication.get(i, ()))
+                pool = PRIVATE_POOL if i in run.pooled else 0
+                address[i] = alloc.malloc(run.sizes[i], clock, run.communication.get(i, ()), pool)
                 if window is not None:
                     born[i], at_birth[i] = clock, address[i]
         elif i in address:

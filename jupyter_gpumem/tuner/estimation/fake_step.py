@@ -108,6 +108,8 @@ class FakeRun:
     blocks: str = ""  # how the repeated blocks were run (block_replay), as a note
     kernels: tuple[str, ...] = ()  # where the kernels' own memory came from, as notes
     measured_steps: int = 1  # the steps the measured one stands for (repeated_steps)
+    pooled: frozenset[int] = frozenset()  # storages made in a CUDA graph's private pool
+    emptied: tuple[int, ...] = ()  # clocks at which the default pool's cache was emptied
 
 
 @functools.cache
@@ -367,6 +369,8 @@ def run_of(
         communication=dict(log.communication or {}),
         loading=dict(log.loading),
         left_out_bytes=sum(log.sizes[i] for i in out),
+        pooled=frozenset(log.pooled - out),
+        emptied=tuple(log.emptied),
     )
 
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tuner.estimation import cards, fake_peaks, without_cuda
+from jupyter_gpumem.tuner.estimation import cards, fake_peaks, graph_pool, without_cuda
 from jupyter_gpumem.tuner.estimation.decode_steps import (
     STEADY_STEPS,
     DecodeClocks,
@@ -109,8 +109,11 @@ def estimate_generate(
     if missing is not None:
         return _labelled(unavailable(Config(), device, missing, batch_size, t0), label)
     facts = fake_peaks.device_facts(torch, device) if device.type == "cuda" else None
+    graphs = None if facts is None else graph_pool.requests(facts.capability, facts.l2_cache_bytes)
     try:
-        run, notes = generate_run(torch, model, device, sizes, generate_kwargs, facts is not None)
+        run, notes = generate_run(
+            torch, model, device, sizes, generate_kwargs, facts is not None, graphs
+        )
     except Unfakeable as exc:
         return _labelled(unavailable(Config(), device, str(exc), batch_size, t0), label)
     if facts is not None:
@@ -134,20 +137,27 @@ def generate_run(
     sizes: tuple[int, int, int],
     generate_kwargs: dict[str, Any],
     fill_in: bool,
+    graphs: graph_pool.PoolRequests | None = None,
 ) -> tuple[FakeRun, tuple[str, ...]]:
     """The fake run of ``generate`` for (batch, prompt, new tokens), and its notes; decode
     steps skipped where they repeat (``fill_in``: filled in for the allocator model).
-    Raises :class:`Unfakeable` where it cannot run on fake tensors."""
+    ``graphs``: what a compiled call asks of its CUDA graph pool (:mod:`.graph_pool`), None
+    where the device runs no CUDA graphs. Raises :class:`Unfakeable` where it cannot run on fake
+    tensors."""
+    notes: tuple[str, ...] = ()
     try:  # the allocator model places every step's blocks: the skipped ones filled in
-        return _run(torch, model, device, *sizes, generate_kwargs, skip=True, fill_in=fill_in), ()
-    except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
-        return _run(torch, model, device, *sizes, generate_kwargs, skip=False), ()
-    except Unfollowed as exc:
-        note = (
-            "every decode step ran: the steps skipped otherwise cannot be filled in for the "
-            f"allocator model ({exc})"
+        run = _run(
+            torch, model, device, *sizes, generate_kwargs, graphs, skip=True, fill_in=fill_in
         )
-        return _run(torch, model, device, *sizes, generate_kwargs, skip=False), (note,)
+    except _NoSkip:  # this transformers' generate runs its first call otherwise: every step
+        run = _run(torch, model, device, *sizes, generate_kwargs, graphs, skip=False)
+    except Unfollowed as exc:
+        notes = (
+            "every decode step ran: the steps skipped otherwise cannot be filled in for the "
+            f"allocator model ({exc})",
+        )
+        run = _run(torch, model, device, *sizes, generate_kwargs, graphs, skip=False)
+    return run, (*notes, graph_pool.NOTE) if run.pooled else notes
 
 
 def max_generate_batch(
@@ -242,28 +252,36 @@ def _run(
     prompt_tokens: int,
     max_new_tokens: int,
     kwargs: dict[str, Any],
+    graphs: graph_pool.PoolRequests | None,
     *,
     skip: bool,
     fill_in: bool = False,
 ) -> FakeRun:
     """The fake run of the call, its middle steps skipped where ``skip`` allows; with
     ``fill_in``, those of a growing cache filled in for the allocator model
-    (:func:`~.decode_steps.filled_in`, which raises :class:`~.decode_steps.Unfollowed`)."""
+    (:func:`~.decode_steps.filled_in`, which raises :class:`~.decode_steps.Unfollowed`).
+    A compiled call's decode calls are placed in a CUDA graph pool asked for ``graphs``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     log = StorageLog(torch, device, mode)
     faker = Faker(torch, log, meta_to=device)
+    pool = None if graphs is None else graph_pool.GraphPool(log, graphs)
     calls = [0]
 
     def mark(module: Any, args: Any) -> None:  # each call starts a step that lasts until the next
         log.step = calls[0]
         log.mark("decode" if calls[0] else "prefill")
+        if calls[0] and pool is not None:
+            pool.enter()
         calls[0] += 1
 
     def kept(module: Any, args: Any, output: Any) -> None:  # the cache a call returns
-        for cache in _caches_in(output):
+        caches = _caches_in(output)
+        for cache in caches:
             _tag_cache(torch, log, cache)
+        if pool is not None:
+            pool.leave([t for cache in caches for t in _cache_tensors(cache, torch)])
 
     long = skip and max_new_tokens > FIRST_STEPS + LAST_STEPS
     long = long and not _counted_from_prompt(model, kwargs, max_new_tokens)
@@ -294,8 +312,14 @@ def _run(
                 )
                 # a cache made ahead is made for every new token: the call asks for them all
                 key, layers = _generate(
-                    torch, model, log, ids, mask, first, kwargs, max_new_tokens, first_checks
+                    torch, model, log, ids, mask, first, kwargs, max_new_tokens, first_checks, pool
                 )
+                if growing and pool is not None and pool.compiled:
+                    raise Unfakeable(
+                        "generate compiles a cache that grows by concatenation (CUDA graphs "
+                        "recorded per length), which the estimate does not model; estimate and "
+                        "run it with disable_compile=True"
+                    )
                 first_end = log.clock
                 seen = prompt_tokens + max_new_tokens - LAST_STEPS
                 if ahead:  # the last steps: their prompt's first call taken as one decode step
@@ -304,7 +328,7 @@ def _run(
                         _generate(
                             torch, model, log,
                             ids[:, :1].expand(batch_size, seen), mask[:, :1].expand(batch_size, seen),
-                            LAST_STEPS, kwargs,
+                            LAST_STEPS, kwargs, pool=pool,
                         )  # fmt: skip
                 if growing:
                     if layers is None:
@@ -320,7 +344,7 @@ def _run(
                         _generate(
                             torch, model, log,
                             ids[:, :1].expand(batch_size, seen), mask[:, :1].expand(batch_size, seen),
-                            LAST_STEPS, tail, checks=last_checks,
+                            LAST_STEPS, tail, checks=last_checks, pool=pool,
                         )  # fmt: skip
                     last_end = log.clock
                     del tail
@@ -352,15 +376,18 @@ def _generate(
     kwargs: dict[str, Any],
     new: int | None = None,
     checks: list[int] | None = None,
+    pool: graph_pool.GraphPool | None = None,
 ) -> tuple[str, list[tuple[Any, Any, Any]] | None]:
     """One ``generate`` of ``new`` new tokens (``steps``, where none), cut after ``steps``.
     Returns the cache's key in the output, and its layers' (shape, dtype, device) where every
     layer is a plain growing one (None otherwise). ``checks`` gains the log's clock at each
-    check of generate's loop."""
+    check of generate's loop. A call generate compiles is played eagerly, its decode calls
+    placed in ``pool`` (without one: :class:`Unfakeable`)."""
     if new is None or not _made_ahead(model, kwargs):
         new = steps  # a growing cache is the same whatever the call asks for
     checked = None if checks is None else (lambda: checks.append(log.clock))
-    with _steps(steps, checked), _eager(), warnings.catch_warnings():
+    deciding = graph_pool.deciding(pool, log.device.type)
+    with _steps(steps, checked), deciding, warnings.catch_warnings():
         # min_new_tokens past the first steps' end, as the real call's are not
         warnings.filterwarnings("ignore", "Unfeasible length constraints", UserWarning)
         out = model.generate(
@@ -558,34 +585,6 @@ def _cache_tensors(cache: Any, torch: Any) -> list[Any]:
             items = value if isinstance(value, (list, tuple)) else (value,)
             found.extend(t for t in items if isinstance(t, torch.Tensor))
     return found
-
-
-COMPILED = (
-    "generate compiles the model's forward for this cache on this device (CUDA graphs), whose "
-    "memory fake tensors do not model; estimate and run it with disable_compile=True"
-)
-
-
-@contextmanager
-def _eager() -> Iterator[None]:
-    """A call that generate would compile gives the reason instead of an eager estimate."""
-    from transformers.generation.utils import GenerationMixin
-
-    original = GenerationMixin.__dict__.get("_valid_auto_compile_criteria")
-    if original is None:  # a transformers that never compiles on its own
-        yield
-        return
-
-    def criteria(self: Any, *args: Any, **kwargs: Any) -> bool:
-        if original(self, *args, **kwargs):
-            raise Unfakeable(COMPILED)
-        return False
-
-    GenerationMixin._valid_auto_compile_criteria = criteria  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        GenerationMixin._valid_auto_compile_criteria = original  # type: ignore[method-assign]
 
 
 @contextmanager

@@ -40,6 +40,7 @@ def repeated(run: FakeRun, times: int) -> FakeRun:
     tags = list(run.tags)
     marks = list(run.marks)
     communication = dict(run.communication)
+    pooled = set(run.pooled)
     step_tags = [(i, category) for i, category in run.tags if i in made]
     step_marks = [m for m in run.marks if m.time_us >= run.window_clock]
     for k in range(1, times):
@@ -52,6 +53,7 @@ def repeated(run: FakeRun, times: int) -> FakeRun:
             for m in step_marks
         )
         communication.update({copy[i]: communication[i] for i in born if i in run.communication})
+        pooled.update(copy[i] for i in born if i in run.pooled)
     return dataclasses.replace(
         run,
         sizes=tuple(sizes),
@@ -59,5 +61,6 @@ def repeated(run: FakeRun, times: int) -> FakeRun:
         tags=tuple(tags),
         marks=tuple(marks),
         communication=communication,
+        pooled=frozenset(pooled),
         measured_steps=1,
     )

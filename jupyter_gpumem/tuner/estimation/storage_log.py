@@ -61,6 +61,9 @@ class StorageLog:
         self.tags: list[tuple[int, str]] = []
         self.marks: list[PhaseMark] = []
         self.recording = False
+        self.pool = False  # whether storages made now are made in a CUDA graph's private pool
+        self.pooled: set[int] = set()  # the storages made so
+        self.emptied: list[int] = []  # clocks at which the default pool's cache was emptied
         self.left_out: set[int] = set()  # storages outside PyTorch's allocator (see leave_out)
         self.communication: dict[int, tuple[dict[str, Any], ...]] | None = None  # when parallel
         self.loading: dict[int, tuple[tuple[str, int], ...]] = {}  # see :meth:`loaded`
@@ -224,11 +227,20 @@ class StorageLog:
             if event and self.recording and ref.size:  # an empty storage holds no block
                 self.clock += 1
                 self.events.append(("alloc", index, self.clock))
+                if self.pool:
+                    self.pooled.add(index)
                 if self.communication is not None:
                     frame = _communication_frame()
                     if frame is not None:
                         self.communication[index] = (frame,)
             return index
+
+    def empty_cache(self) -> None:
+        """The default pool's cache emptied now (``torch.cuda.empty_cache()``)."""
+        with self._lock:
+            if self.recording:
+                self.clock += 1
+                self.emptied.append(self.clock)
 
     def index_of(self, tensor: Any) -> int | None:
         """The storage index of ``tensor``, if the log follows its storage."""
@@ -243,6 +255,8 @@ class StorageLog:
             if self.recording and size:
                 self.clock += 1
                 self.events.append(("alloc", index, self.clock))
+                if self.pool:
+                    self.pooled.add(index)
             return index
 
     def early_free(self, index: int) -> None:

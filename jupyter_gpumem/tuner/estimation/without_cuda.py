@@ -30,7 +30,13 @@ from typing import Any
 
 from jupyter_gpumem.techniques.config import Config
 from jupyter_gpumem.tracking.devices import cuda_present
-from jupyter_gpumem.tuner.estimation import block_replay, cards, cuda_stand_in, fake_peaks
+from jupyter_gpumem.tuner.estimation import (
+    block_replay,
+    cards,
+    cuda_stand_in,
+    fake_peaks,
+    graph_pool,
+)
 from jupyter_gpumem.tuner.estimation.estimate import Estimate, from_peaks, unavailable
 from jupyter_gpumem.tuner.estimation.fake_step import run_fake
 from jupyter_gpumem.tuner.estimation.on_card import on_card
@@ -160,7 +166,8 @@ def _generate_job(job: tuple[Any, ...]) -> Estimate:
     _as_constructed(model)
     try:
         with _compiles_as_on_cuda(torch):
-            run, notes = generate_run(torch, model, device, sizes, generate_kwargs, True)
+            graphs = graph_pool.requests(card.capability, card.l2_cache_bytes)
+            run, notes = generate_run(torch, model, device, sizes, generate_kwargs, True, graphs)
     except Unfakeable as exc:
         return unavailable(Config(), card.name, str(exc), sizes[0], t0)
     facts = cuda_stand_in.facts(card)
