@@ -188,7 +188,9 @@ def test_a_generate_cell_carries_its_estimate(shell: InteractiveShell) -> None:
 
 
 @pytest.mark.parametrize("new", [3, 12])  # every step played; the steps between skipped
-def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(new: int) -> None:
+def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(
+    new: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """generate compiles a static cache's decode calls (on CUDA; here on every device): each
     decode call's storages are the CUDA graph pool's, the prefill's and the cache's never (the
     call standing for a late decode step makes its cache again, which the prefill makes in
@@ -209,6 +211,12 @@ def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(new: in
     compiled = transformers.CompileConfig()
     compiled._compile_all_devices = True
     kwargs = {"cache_implementation": "static", "compile_config": compiled, "pad_token_id": 0}
+    with pytest.raises(Exception, match="not yet estimated within 2% allocated"):
+        generate_run(
+            torch, meta, torch.device("cpu"), (2, 16, new), kwargs, False,
+            graph_pool.PoolRequests((1,), 0),
+        )  # fmt: skip
+    monkeypatch.setattr(graph_pool, "ESTIMATED", True)  # the placement itself
     workspace, flush = 4 << 20, 12 << 20
     asks = graph_pool.PoolRequests((workspace,), flush)
     run, notes = generate_run(torch, meta, torch.device("cpu"), (2, 16, new), kwargs, False, asks)

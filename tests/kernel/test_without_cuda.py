@@ -253,21 +253,13 @@ def test_generate_is_estimated_for_a_card_from_the_cpu() -> None:
     assert found.peak_bytes is not None, found.reason
     assert found.notes[0] == "estimated without CUDA, for the A100-40GB"
     assert found.breakdown["kv_cache"] > 0 and found.verdict is not None
-    # a static cache is compiled on CUDA, and so here: its decode calls in a CUDA graph pool
+    # a static cache is compiled on CUDA, and so here: refused with its reason, as there
     static = estimate_generate(model, gpu="H200", cache_implementation="static", **sizes)
+    assert static.peak_bytes is None and static.reason == graph_pool.UNMODELLED
     eager = estimate_generate(
         model, gpu="H200", cache_implementation="static", disable_compile=True, **sizes
     )
-    assert static.peak_bytes is not None and eager.peak_bytes is not None, static.reason
-    assert graph_pool.NOTE in static.notes and graph_pool.NOTE not in eager.notes
-    # the pool's own cuBLAS workspace (an H200's: 32 MiB) and Inductor's L2 flush (60 MiB),
-    # in segments beside the rest
-    asks = graph_pool.requests((9, 0), cards.card("H200").l2_cache_bytes)
-    assert asks == graph_pool.PoolRequests((32 << 20,), 60 << 20)
-    held = asks.flush + asks.workspaces[0]
-    assert static.peak_reserved_bytes >= eager.peak_reserved_bytes + held
-    assert static.breakdown["cuda_graph_pool"] == held  # this tiny model peaks in its warm-up
-    assert static.breakdown["kv_cache"] == eager.breakdown["kv_cache"]
+    assert eager.peak_bytes is not None, eager.reason
     other = transformers.CompileConfig(mode="max-autotune-no-cudagraphs")
     refused = estimate_generate(
         model, gpu="H200", cache_implementation="static", compile_config=other, **sizes
@@ -275,6 +267,9 @@ def test_generate_is_estimated_for_a_card_from_the_cpu() -> None:
     assert refused.peak_bytes is None
     assert "mode='max-autotune-no-cudagraphs'" in refused.reason
     assert "disable_compile=True" in refused.reason
+    assert graph_pool.requests((9, 0), cards.card("H200").l2_cache_bytes) == (
+        graph_pool.PoolRequests((32 << 20,), 60 << 20)
+    )
 
 
 def _zoo_cases() -> list[Any]:
@@ -293,9 +288,8 @@ def _zoo_cases() -> list[Any]:
 
 @pytest.mark.parametrize("case", _zoo_cases())
 def test_every_family_of_the_zoo_is_estimated_for_a_card_from_the_cpu(case: Any) -> None:
-    """The CPU zoo through the path without CUDA: every case answers for the H200 (a static
-    cache compiled as on CUDA included), its breakdown summing to its peak, the meta model
-    untouched."""
+    """The CPU zoo through the path without CUDA: every case answers for the H200 (or gives the
+    reason CUDA gives too), its breakdown summing to its peak, the meta model untouched."""
     import model_zoo
     import zoo
 
@@ -308,6 +302,9 @@ def test_every_family_of_the_zoo_is_estimated_for_a_card_from_the_cpu(case: Any)
             built.model, batch_size=batch, prompt_tokens=prompt, max_new_tokens=new, gpu="H200",
             **model_zoo.generate_kwargs(case, new),
         )  # fmt: skip
+        if case.generate.get("cache_implementation") == "static" and found.peak_bytes is None:
+            assert found.reason == graph_pool.UNMODELLED  # compiled on CUDA: refused there too
+            return
     else:
         trial = model_zoo.trial_of(case, built, "cpu")
         found = trial.estimate(gpu="H200", config=model_zoo.config_of(case))
