@@ -53,9 +53,9 @@ from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
 ESTIMATED = False
 UNMODELLED = (
     "generate compiles the model's forward for this cache on this device (CUDA graphs): the "
-    "graphs' private pool and Inductor's first benchmarks in it (on an H200 54-160 MB beside "
-    "the eager call) are not yet estimated within 2% allocated and 5% reserved; estimate and "
-    "run it with disable_compile=True"
+    "graphs' private pool and Inductor's first benchmarks in it (on an H200 a pool of "
+    "114-156 MiB for small models) are not yet estimated within 2% allocated and 5% reserved; "
+    "estimate and run it with disable_compile=True"
 )
 RECORDED_CALLS = 2  # CUDA graph trees warm a function up once, then record it
 GRAPH_MODES = ("reduce-overhead",)  # torch.compile's modes that run CUDA graph trees, modelled
