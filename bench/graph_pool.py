@@ -1,6 +1,7 @@
 """What generate's compiled static cache holds on the GPU: its CUDA graph pool, by request.
 
     python bench/graph_pool.py OUTPUT.json [CASE ...] [--lived-in]
+    python bench/graph_pool.py --from-cpu MEASURED.json OUTPUT.json   # no GPU needed
 
 For each zoo ``generate`` case whose cache generate compiles (``cache_implementation="static"``
 without ``disable_compile``), a process of its own builds the model on the GPU and runs the
@@ -13,6 +14,10 @@ each, and the requests made inside private pools (in a private segment after its
 addresses), by size and by the frames that asked (Python's outside torch, and C++'s that name
 a library's workspace). Beside them, the estimate from the meta device, its pool included
 (:mod:`jupyter_gpumem.tuner.estimation.graph_pool`). Needs a GPU.
+
+``--from-cpu`` needs none: each compiled row of a ``model_zoo.py`` result measured on an H200 is
+estimated for the H200 from this CPU (the estimate without CUDA, in this process, with the
+placement switched on: ``graph_pool.ESTIMATED``), beside what the GPU measured.
 """
 
 from __future__ import annotations
@@ -137,7 +142,46 @@ def estimated(name: str) -> dict[str, Any]:
     }
 
 
+def from_cpu(measured: Path, out: Path) -> None:
+    """The compiled rows of ``measured`` estimated for an H200 from the CPU, beside the GPU's."""
+    from jupyter_gpumem.tuner.estimation import cards, graph_pool, without_cuda
+    from jupyter_gpumem.tuner.estimation.generation import generate_run
+
+    graph_pool.ESTIMATED = True  # this process only: the placement, before it is switched on
+    without_cuda.prepare()
+    rows = []
+    for m in json.loads(measured.read_text())["cases"]:
+        case = zoo.case(m["case"])
+        batch, prompt, new = zoo.GENERATE["bench"]
+        built = case.build("meta", "bench")
+        job = (
+            built.model, cards.card("H200"), (batch, prompt, new),
+            model_zoo.generate_kwargs(case, new), case.name, generate_run,
+        )  # fmt: skip
+        found = without_cuda._generate_job(job)
+        row = {
+            "case": case.name,
+            "reason": found.reason,
+            "estimated_allocated": found.peak_bytes,
+            "estimated_reserved": found.peak_reserved_bytes,
+            "measured_allocated": m["measured_allocated"],
+            "measured_reserved": m["measured_reserved"],
+            "breakdown": found.breakdown,
+        }
+        if found.peak_bytes is not None and found.peak_reserved_bytes is not None:
+            row["error_allocated_pct"] = 100 * (found.peak_bytes / m["measured_allocated"] - 1)
+            row["error_reserved_pct"] = 100 * (
+                found.peak_reserved_bytes / m["measured_reserved"] - 1
+            )
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "breakdown"}), flush=True)
+    out.write_text(json.dumps({"measured": str(measured), "cases": rows}, indent=1) + "\n")
+
+
 def main() -> None:
+    if sys.argv[1] == "--from-cpu":
+        from_cpu(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     if sys.argv[1] == "--case":  # one case, in this process
         name, out = sys.argv[2], Path(sys.argv[3])
         if "--estimate" in sys.argv:

@@ -231,6 +231,8 @@ def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(
     decoding = sorted(m.time_us for m in run.marks if m.phase == "decode")
     assert len(run.emptied) == graph_pool.RECORDED_CALLS
     assert decoding[0] < run.emptied[0] < decoding[1] < run.emptied[1]
+    # and the trees clear every cuBLAS workspace as the warm-up begins
+    assert len(run.cleared) == 1 and run.emptied[0] < run.cleared[0] < decoding[1]
     first_decode = min(m.time_us for m in run.marks if m.phase == "decode")
     born = {i: clock for action, i, clock in run.events if action == "alloc"}
     assert run.pooled and all(born[i] > first_decode for i in run.pooled)
@@ -242,3 +244,31 @@ def test_a_compiled_static_cache_places_its_decode_calls_in_a_graph_pool(
     # without the graphs' workspaces (on the CPU), the call is refused with its reason
     with pytest.raises(Exception, match="disable_compile=True"):
         generate_run(torch, meta, torch.device("cpu"), (2, 16, new), kwargs, False)
+
+
+def test_a_compiled_sliding_window_cache_is_refused_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Gemma-2's static cache keeps a sliding window's token count in a Python int that the
+    compiled call guards on (it compiles again on the second decode call): refused, named."""
+    import torch
+    import transformers
+
+    from jupyter_gpumem.tuner.estimation import graph_pool
+    from jupyter_gpumem.tuner.estimation.generation import generate_run
+    from jupyter_gpumem.tuner.estimation.unfakeable import Unfakeable
+
+    config = transformers.Gemma2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+    )  # fmt: skip
+    with torch.device("meta"):
+        meta = transformers.Gemma2ForCausalLM(config).eval()
+    compiled = transformers.CompileConfig()
+    compiled._compile_all_devices = True
+    kwargs = {"cache_implementation": "static", "compile_config": compiled, "pad_token_id": 0}
+    monkeypatch.setattr(graph_pool, "ESTIMATED", True)
+    asks = graph_pool.PoolRequests((1 << 20,), 0)
+    with pytest.raises(Unfakeable) as refused:
+        generate_run(torch, meta, torch.device("cpu"), (2, 16, 3), kwargs, False, asks)
+    assert str(refused.value) == graph_pool.RECOMPILES.format("StaticSlidingWindowLayer")

@@ -250,3 +250,33 @@ def test_a_capture_empties_the_default_pools_cache_first() -> None:
     emptied = cuda_peaks(replace(run, emptied=(3,)), ())
     assert emptied.peak_reserved_bytes == 20 * MiB + 30 * MiB
     assert emptied.peak_bytes == 4 * MiB + 30 * MiB
+
+
+def test_cleared_workspaces_leave_the_peak_and_go_with_the_next_capture() -> None:
+    """A 32 MiB cuBLAS workspace held from before, then a 40 MiB temporary: both at the peak,
+    unless CUDA graph trees cleared the workspace and a capture released its segment first."""
+    from jupyter_gpumem.tuner.estimation.fake_peaks import WorkspaceBlock
+
+    base = 1 << 40
+    workspace = SegmentState(base, 32 * MiB, False, (WorkspaceBlock(base, 32 * MiB, ALLOCATED),))
+    run = FakeRun(
+        device="cuda:0",
+        sizes=(40 * MiB,),
+        real={},
+        existing=(),
+        events=(("alloc", 0, 4), ("free", 0, 5)),
+        window=0,
+        window_clock=1,
+        live_at_window=(),
+        reachable=frozenset(),
+        tags=(),
+        marks=(),
+    )
+    kept = cuda_peaks(run, (workspace,))
+    assert kept.peak_bytes == kept.peak_reserved_bytes == 72 * MiB
+    assert kept.breakdown["library_workspace"] == 32 * MiB
+    cleared = cuda_peaks(replace(run, cleared=(2,), emptied=(3,)), (workspace,))
+    assert cleared.peak_bytes == cleared.peak_reserved_bytes == 40 * MiB
+    assert cleared.breakdown["library_workspace"] == 0
+    assert cleared.breakdown["unattributed"] == 0
+    assert sum(cleared.breakdown.values()) == cleared.peak_bytes

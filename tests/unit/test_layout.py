@@ -61,7 +61,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ),
     ("tuner.estimation.fake_peaks",),
     ("tuner.estimation.cards", "tuner.estimation.nccl"),
-    ("tuner.estimation.verdict", "tuner.estimation.cuda_stand_in"),
+    ("tuner.estimation.verdict", "tuner.estimation.cuda_stand_in", "tuner.estimation.graph_pool"),
     ("tuner.estimation.estimate",),
     ("tuner.estimation.on_card",),
     ("tuner.estimation.rank_estimates", "tuner.estimation.without_cuda"),

@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jupyter_gpumem.analysis.breakdown import categorize, peak_phase
+from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize, peak_phase
 from jupyter_gpumem.analysis.library_memory import LIBRARY_WORKSPACE
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
@@ -392,10 +392,17 @@ def cuda_peaks(
     born: dict[int, int] = {}  # storage -> clock, for those the measured steps allocate
     at_birth: dict[int, int] = {}
     window: tuple[tuple[SegmentState, ...], int, int, int, dict[int, int]] | None = None
-    emptied = list(reversed(run.emptied))  # the next one last
+    # the clocks of the cache's emptying and of the workspaces' clearing, the next one last
+    at = sorted([(c, "empty") for c in run.emptied] + [(c, "clear") for c in run.cleared])[::-1]
     for n, (action, i, clock) in enumerate(run.events):
-        while emptied and emptied[-1] < clock:
-            alloc.empty_cache(emptied.pop())
+        while at and at[-1][0] < clock:
+            when, what = at.pop()
+            if what == "empty":
+                alloc.empty_cache(when)
+            else:  # the library's workspaces go; a matmul after the run makes them again
+                for block in library:
+                    if alloc.block_size(block) is not None:
+                        alloc.free(block, when)
         if n in ends:
             layout = alloc.layout()
             if layout == ended:
@@ -427,15 +434,18 @@ def cuda_peaks(
         raise RuntimeError(f"the allocator model's trace does not replay: {result.reason}")
     start_blocks = live_blocks(start)
     tags = _tags(run, at_window, at_birth, born)
-    peaks = _peaks(run, result, events, start_blocks, tags, resident)
+    # the library workspaces at the peak (CUDA graph trees may have cleared them before it)
+    at_peak = [b for b in result.live_at_peak if b.address in library]
+    peaks = _peaks(run, result, events, start_blocks, tags, resident, {b.address for b in at_peak})
     counted = sum(held.values()) if count_held else 0
-    workspace = sum(library.values())
-    # held blocks and workspaces are older than the window and never freed: the breakdown finds
-    # each at the peak, claimed by nothing, so unattributed; they are named here
+    workspace = sum(library[b.address] for b in at_peak)
+    # held blocks are older than the window and never freed: the breakdown finds each at the
+    # peak, claimed by nothing, so unattributed; they are named here, as the workspaces are
     breakdown = dict(peaks.breakdown)
-    breakdown["unattributed"] -= counted + workspace
+    breakdown["unattributed"] -= counted
     breakdown[HELD_BEFORE] = counted
     breakdown[LIBRARY_WORKSPACE] += workspace
+    breakdown[ALLOCATOR_SLACK] += sum(b.size for b in at_peak) - workspace
     return replace(
         peaks,
         breakdown=breakdown,
@@ -529,8 +539,13 @@ def _peaks(
     start_blocks: Sequence[Live],
     tags: Sequence[Tag],
     resident: int | None,
+    leave: Collection[int] = (),
 ) -> Peaks:
-    breakdown = categorize(result.live_at_peak, events, tags, start_blocks, {})
+    """The peaks of ``result``; the blocks at addresses ``leave`` out of the breakdown."""
+    blocks = [b for b in result.live_at_peak if b.address not in leave] if leave else None
+    breakdown = categorize(
+        result.live_at_peak if blocks is None else blocks, events, tags, start_blocks, {}
+    )
     when = events[result.peak_index].time_us if result.peak_index >= 0 else run.window_clock
     phase, _ = peak_phase(run.marks, when)
     return Peaks(

@@ -110,6 +110,7 @@ class FakeRun:
     measured_steps: int = 1  # the steps the measured one stands for (repeated_steps)
     pooled: frozenset[int] = frozenset()  # storages made in a CUDA graph's private pool
     emptied: tuple[int, ...] = ()  # clocks at which the default pool's cache was emptied
+    cleared: tuple[int, ...] = ()  # clocks at which torch freed every cuBLAS workspace
 
 
 @functools.cache
@@ -371,6 +372,7 @@ def run_of(
         left_out_bytes=sum(log.sizes[i] for i in out),
         pooled=frozenset(log.pooled - out),
         emptied=tuple(log.emptied),
+        cleared=tuple(log.cleared),
     )
 
 

@@ -252,7 +252,7 @@ def _run(
     prompt_tokens: int,
     max_new_tokens: int,
     kwargs: dict[str, Any],
-    graphs: graph_pool.PoolRequests | None,
+    graphs: graph_pool.PoolRequests | None = None,
     *,
     skip: bool,
     fill_in: bool = False,
@@ -281,6 +281,7 @@ def _run(
         for cache in caches:
             _tag_cache(torch, log, cache)
         if pool is not None:
+            pool.check(caches)
             pool.leave([t for cache in caches for t in _cache_tensors(cache, torch)])
 
     long = skip and max_new_tokens > FIRST_STEPS + LAST_STEPS

@@ -25,16 +25,20 @@ Known limitations:
   ops, so they make fewer and smaller intermediates; a decode call's large ones (the logits, a
   grouped-query attention's keys and values repeated over the cache, the attention's inputs)
   are made by both.
-- ``clear_cublas_manager`` also frees every other cuBLAS workspace (the default stream's, and
-  autograd's thread's) at each warm-up and recording, which the next eager matmul makes again:
-  the estimate keeps them allocated, so a warm-up holding the flush buffer peaks above the
-  call (on an H200 about 10% of an 8-layer Llama's allocated peak).
+- ``clear_cublas_manager`` frees every cuBLAS workspace (the default stream's and autograd's
+  thread's too) as the warm-up begins; the estimate frees the library workspaces it found there,
+  and the recording's capture then releases their segments. No eager matmul runs between a
+  compiled generate's decode calls, so none makes them again within the call.
 - A call whose graphs this process has already recorded (the same shapes again) reuses their
   pool: the estimate places a new one, as for the first call. So does a compile whose kernels
   Inductor's cache already holds benchmarked (the same model compiled before on this machine),
   which makes no flush buffer: the estimate is then above the call by up to the L2's size.
 - The benchmarks also clone each input a kernel mutates (a static cache's layer); these are
   freed as made, and not modelled.
+- Only caches of plain static layers are placed (:meth:`GraphPool.check`): a sliding window's
+  layer (Gemma-2's) counts its tokens in a Python int that the compiled call guards on, so the
+  second decode call compiles again (two functions, each warmed up with its own benchmarks, and a
+  graph recorded per count), which is refused with its reason.
 """
 
 from __future__ import annotations
@@ -58,6 +62,18 @@ UNMODELLED = (
     "graphs' private pool and Inductor's first benchmarks in it (on an H200 a pool of "
     "114-156 MiB for small models) are not yet estimated within 2% allocated and 5% reserved; "
     "estimate and run it with disable_compile=True"
+)
+# a cache whose layers are not all plain static ones: guarded on per step, or not known to be
+RECOMPILES = (
+    "generate compiles the model's forward for this cache on this device (CUDA graphs); its "
+    "{} layers keep a Python count the compiled call guards on (it compiles again, and CUDA "
+    "graph trees record a graph per count), which the estimate does not model; estimate and run "
+    "it with disable_compile=True"
+)
+NOT_STATIC = (
+    "generate compiles the model's forward for this cache on this device (CUDA graphs); a {} "
+    "is not made of static layers, whose compiled calls the estimate models; estimate and run "
+    "it with disable_compile=True"
 )
 RECORDED_CALLS = 2  # CUDA graph trees warm a function up once, then record it
 GRAPH_MODES = ("reduce-overhead",)  # torch.compile's modes that run CUDA graph trees, modelled
@@ -117,11 +133,26 @@ class GraphPool:
         self.log.pool = self._inside = True
         if self.calls < RECORDED_CALLS:
             self.log.empty_cache()  # a capture begins so (the tree's first, then the recording)
+            if self.calls == 0:  # the trees' clear_cublas_manager, before the warm-up
+                self.log.clear_workspaces()
             flush = (self.asks.flush,) if self.calls == 0 and self.asks.flush else ()
             for size in (*flush, *self.asks.workspaces):
                 index = self.log.virtual_alloc(size)
                 self.log.tags.append((index, CUDA_GRAPH_POOL))
                 self._held.append(index)
+
+    def check(self, caches: Sequence[Any]) -> None:
+        """Raise :class:`Unfakeable` where a cache a call returned is not made of plain static
+        layers only: a sliding window's layer counts its tokens in a Python int (Gemma-2's
+        cache), on which the compiled call guards and compiles again."""
+        if not self.compiled:
+            return
+        for cache in caches:
+            kinds = {type(layer).__name__ for layer in getattr(cache, "layers", None) or ()}
+            if not kinds:
+                raise Unfakeable(NOT_STATIC.format(type(cache).__name__))
+            if kinds != {"StaticLayer"}:
+                raise Unfakeable(RECOMPILES.format(" and ".join(sorted(kinds - {"StaticLayer"}))))
 
     def leave(self, kept: Sequence[Any] = ()) -> None:
         """The decode call ends: its workspace freed, as the warm-up and recording free it.

@@ -64,6 +64,7 @@ class StorageLog:
         self.pool = False  # whether storages made now are made in a CUDA graph's private pool
         self.pooled: set[int] = set()  # the storages made so
         self.emptied: list[int] = []  # clocks at which the default pool's cache was emptied
+        self.cleared: list[int] = []  # clocks at which torch freed every cuBLAS workspace
         self.left_out: set[int] = set()  # storages outside PyTorch's allocator (see leave_out)
         self.communication: dict[int, tuple[dict[str, Any], ...]] | None = None  # when parallel
         self.loading: dict[int, tuple[tuple[str, int], ...]] = {}  # see :meth:`loaded`
@@ -241,6 +242,13 @@ class StorageLog:
             if self.recording:
                 self.clock += 1
                 self.emptied.append(self.clock)
+
+    def clear_workspaces(self) -> None:
+        """Every cuBLAS workspace freed now (``torch._C._cuda_clearCublasWorkspaces()``)."""
+        with self._lock:
+            if self.recording:
+                self.clock += 1
+                self.cleared.append(self.clock)
 
     def index_of(self, tensor: Any) -> int | None:
         """The storage index of ``tensor``, if the log follows its storage."""
