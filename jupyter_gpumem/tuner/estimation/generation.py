@@ -315,12 +315,6 @@ def _run(
                 key, layers = _generate(
                     torch, model, log, ids, mask, first, kwargs, max_new_tokens, first_checks, pool
                 )
-                if growing and pool is not None and pool.compiled:
-                    raise Unfakeable(
-                        "generate compiles a cache that grows by concatenation (CUDA graphs "
-                        "recorded per length), which the estimate does not model; estimate and "
-                        "run it with disable_compile=True"
-                    )
                 first_end = log.clock
                 seen = prompt_tokens + max_new_tokens - LAST_STEPS
                 if ahead:  # the last steps: their prompt's first call taken as one decode step
