@@ -102,7 +102,9 @@ class CachingAllocator:
         address. ``frames``: who asked."""
         size = round_size(requested)
         small = size <= SMALL_SIZE
-        free = self._free.setdefault((pool, small), [])
+        free = self._free.get((pool, small))
+        if free is None:  # a private pool's first request of this kind (no list made per call)
+            free = self._free[pool, small] = []
         i = bisect.bisect_left(free, (size, -1))
         if i < len(free):
             block = self._blocks[free.pop(i)[1]]
