@@ -16,8 +16,8 @@ a library's workspace). Beside them, the estimate from the meta device, its pool
 (:mod:`jupyter_gpumem.tuner.estimation.graph_pool`). Needs a GPU.
 
 ``--from-cpu`` needs none: each compiled row of a ``model_zoo.py`` result measured on an H200 is
-estimated for the H200 from this CPU (the estimate without CUDA, in this process, with the
-placement switched on: ``graph_pool.ESTIMATED``), beside what the GPU measured.
+estimated for the H200 from this CPU (the estimate without CUDA, in this process), beside
+what the GPU measured.
 """
 
 from __future__ import annotations
@@ -144,10 +144,9 @@ def estimated(name: str) -> dict[str, Any]:
 
 def from_cpu(measured: Path, out: Path) -> None:
     """The compiled rows of ``measured`` estimated for an H200 from the CPU, beside the GPU's."""
-    from jupyter_gpumem.tuner.estimation import cards, graph_pool, without_cuda
+    from jupyter_gpumem.tuner.estimation import cards, without_cuda
     from jupyter_gpumem.tuner.estimation.generation import generate_run
 
-    graph_pool.ESTIMATED = True  # this process only: the placement, before it is switched on
     without_cuda.prepare()
     rows = []
     for m in json.loads(measured.read_text())["cases"]:

@@ -44,9 +44,9 @@ def test_the_zoo_case_is_estimated_as_measured(case: zoo.Case) -> None:
     del meta
     real = case.build("cuda", SIZE)
     allocated, reserved = model_zoo.measured(case, real, SIZE)
-    if found.peak_bytes is None:
+    if found.peak_bytes is None:  # a sliding window's count, guarded on by the compiled call
         assert case.generate.get("cache_implementation") == "static", found.reason
-        assert found.reason == graph_pool.UNMODELLED
+        assert found.reason == graph_pool.RECOMPILES.format("StaticSlidingWindowLayer")
         return
     assert found.peak_reserved_bytes is not None
     assert found.peak_bytes == pytest.approx(allocated, rel=0.02), found.breakdown
