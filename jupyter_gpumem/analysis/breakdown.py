@@ -420,6 +420,31 @@ def peak_phase(
     return marks[i].phase, marks[i].step
 
 
+def phase_peaks(
+    marks: Sequence[PhaseMark],
+    times_us: Sequence[int],
+    allocated: Sequence[int],
+    *,
+    start_us: int,
+    start_bytes: int,
+) -> dict[str, int]:
+    """The most allocated in each phase: ``allocated[k]`` is the count after the event at
+    ``times_us[k]`` (in time order), ``start_bytes`` the count at ``start_us``; each instant's
+    phase as :func:`peak_phase` names it. Empty without marks."""
+    if not marks:
+        return {}
+    out: dict[str, int] = {}
+    mark_times = [m.time_us for m in marks]
+    i = bisect.bisect_right(mark_times, start_us) - 1
+    for when, value in zip((start_us, *times_us), (start_bytes, *allocated), strict=True):
+        while i + 1 < len(marks) and mark_times[i + 1] <= when:
+            i += 1
+        phase = marks[i].phase if i >= 0 else "other"
+        if value > out.get(phase, -1):
+            out[phase] = value
+    return out
+
+
 def tensor_records(
     events: Sequence[TraceEvent],
     named: Mapping[int, NamedStorage],

@@ -200,6 +200,24 @@ def test_max_batch_size_is_the_largest_whose_measured_peak_fits() -> None:
     assert measured[size] <= budget < measured[size + 1], (size, measured, budget)
 
 
+def test_each_phase_has_its_own_peak_and_the_highest_is_the_estimate() -> None:
+    trial = _gpt()
+    small, large = (trial.estimate(batch=_gpt_batch(n)) for n in (2, 16))
+    for est in (small, large):
+        phases = est.phase_peaks
+        assert phases is not None and {"forward", "backward", "optimizer"} <= set(phases)
+        assert max(phases.values()) == est.peak_bytes == phases[est.phase]
+        assert all(0 < peak <= est.peak_bytes for peak in phases.values())
+    assert small.phase_peaks is not None and large.phase_peaks is not None
+    grew = {p: large.phase_peaks[p] - small.phase_peaks[p] for p in small.phase_peaks}
+    assert grew["backward"] > grew["optimizer"] >= 0  # the state does not grow with the batch
+    parallel = trial.estimate(parallel="ddp", world_size=2)
+    assert parallel.phase_peaks is not None
+    assert max(parallel.phase_peaks.values()) == parallel.peak_bytes
+    for phase, peak in parallel.phase_peaks.items():
+        assert peak == max((r.phase_peaks or {}).get(phase, 0) for r in parallel.ranks)
+
+
 def test_max_batch_size_tells_progress_of_each_estimate_as_it_begins() -> None:
     trial = _gpt()
     lines: list[str] = []

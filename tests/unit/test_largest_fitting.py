@@ -92,3 +92,45 @@ def test_progress_is_told_of_each_estimate_once_as_it_begins() -> None:
     tracked, calls = counted(rounded)
     largest_fitting(tracked, 75 * GiB, 1, None, "batch size", lines.append)
     assert lines == [f"estimating batch size {n:,}" for n in calls]
+
+
+def training_phases(n: int) -> dict[str, int]:
+    """A step whose small batches peak in the optimizer step (its temporaries over the state),
+    which the batch does not move; the backward's peak grows with it and overtakes it."""
+    return {
+        "forward": 24 * GiB + n * 3 * GiB,
+        "backward": 25 * GiB + n * 4 * GiB + n * 4 * MiB,
+        "optimizer": 35 * GiB + n * 9 * MiB,
+    }
+
+
+def training(n: int) -> int:
+    return max(training_phases(n).values())
+
+
+@pytest.mark.parametrize("budget_gib", [60, 64, 100, 400])
+def test_a_flat_phase_at_the_small_sizes_is_seen_past_by_each_phase_line(
+    budget_gib: int,
+) -> None:
+    budget = budget_gib * GiB
+    tracked, calls = counted(training)
+    found = largest_fitting(tracked, budget, 1, None, "batch size", phases=training_phases)
+    assert found == brute(training, budget, 1, found + 2)
+    assert calls[:2] == [1, 2]
+    assert sorted(calls[2:]) == [found, found + 1]  # the backward's line, as if it were alone
+
+
+def test_the_total_alone_is_led_past_the_budget_by_the_flat_phase() -> None:
+    tracked, calls = counted(training)
+    found = largest_fitting(tracked, 64 * GiB, 1, None, "batch size")
+    assert found == brute(training, 64 * GiB, 1, found + 2)
+    assert len(calls) > 4
+    assert max(calls) > 100 * found  # the line through 1 and 2 rises by 9 MiB a sample
+
+
+def test_phases_that_do_not_rise_fall_back_to_the_total() -> None:
+    flat = {"optimizer": 35 * GiB}
+    tracked, calls = counted(affine)
+    found = largest_fitting(tracked, 20 * GiB, 1, None, "batch size", phases=lambda n: flat)
+    assert found == brute(affine, 20 * GiB, 1, found + 2)
+    assert sorted(calls[2:]) == [found, found + 1]

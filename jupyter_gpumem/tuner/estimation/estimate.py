@@ -51,6 +51,9 @@ class Estimate:
     held_counted: bool = True  # whether held_bytes is in the peak (the breakdown's held_before)
     # reserved before the call by the process's CUDA graph pools, in peak_reserved_bytes
     held_pool_bytes: int = 0
+    # how far below peak_bytes each phase's own peak lies (0: the peak's phase), so that what
+    # moves the whole run (a card's workspaces) moves every phase; see phase_peaks
+    phase_gaps: dict[str, int] | None = None
 
     @property
     def total_bytes(self) -> int | None:
@@ -58,6 +61,14 @@ class Estimate:
         if self.peak_reserved_bytes is None:
             return None
         return self.peak_reserved_bytes + (self.context_bytes or 0)
+
+    @property
+    def phase_peaks(self) -> dict[str, int] | None:
+        """The most allocated in each phase of the measured steps (forward, backward, optimizer,
+        prefill, decode, other): the batch searches draw a line through each."""
+        if self.peak_bytes is None or self.phase_gaps is None:
+            return None
+        return {phase: self.peak_bytes - gap for phase, gap in self.phase_gaps.items()}
 
     def fits(self, budget_bytes: int) -> bool | None:
         """Whether the predicted peak stays within ``budget_bytes``; None without an estimate."""
@@ -216,6 +227,7 @@ def from_peaks(peaks: Any, facts: Any, *, t0: float, **fields: Any) -> Estimate:
         held_bytes=peaks.held_bytes,
         held_counted=peaks.held_counted,
         held_pool_bytes=peaks.pool_bytes,
+        phase_gaps={phase: peaks.peak_bytes - most for phase, most in peaks.phases.items()},
         workspace_bytes=facts.workspace_bytes if facts else None,
         context_bytes=facts.context_bytes if facts else None,
         device_total_bytes=facts.total_bytes if facts else None,

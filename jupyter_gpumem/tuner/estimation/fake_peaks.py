@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize, peak_phase
+from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize, peak_phase, phase_peaks
 from jupyter_gpumem.analysis.library_memory import LIBRARY_WORKSPACE
 from jupyter_gpumem.analysis.replay import Live, Replay, live_blocks, replay, replay_exact
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
@@ -63,6 +63,7 @@ class Peaks:
     held_counted: bool = True  # whether held_bytes is in the peak, as HELD_BEFORE
     # reserved before the call by private pools (CUDA graphs'): in the reserved peak, never used
     pool_bytes: int = 0
+    phases: dict[str, int] = field(default_factory=dict)  # the most allocated in each phase
 
 
 @dataclass(frozen=True)
@@ -548,6 +549,13 @@ def _peaks(
     )
     when = events[result.peak_index].time_us if result.peak_index >= 0 else run.window_clock
     phase, _ = peak_phase(run.marks, when)
+    phases = phase_peaks(
+        run.marks,
+        [e.time_us for e in events],
+        result.allocated_series,
+        start_us=run.window_clock,
+        start_bytes=result.allocated_start,
+    )
     return Peaks(
         peak_bytes=result.peak_allocated,
         peak_reserved_bytes=result.peak_reserved,
@@ -555,4 +563,5 @@ def _peaks(
         phase=phase,
         resident_bytes=resident,
         most=most_held(run),
+        phases=phases,
     )

@@ -202,7 +202,9 @@ def max_generate_batch(
 
     peak = peaks_of(batch_of, made, "batch size {}")
     with progress_of(progress, "max_generate_batch") as say:
-        size = largest_fitting(peak, budget_bytes, low, high, "batch size", say)
+        size = largest_fitting(
+            peak, budget_bytes, low, high, "batch size", say, lambda n: made[n].phase_peaks
+        )
     return batch_search(size, low, budget_bytes, made, t0)
 
 

@@ -263,9 +263,9 @@ def max_batch_size(
     """The largest batch size in [low, high] whose estimate fits ``budget``; 0 where even
     ``low`` does not (with a warning that says so).
 
-    Peaks grow about linearly with the batch, so each guess is the line through the nearest
-    estimates on both sides (doubling while none is above), kept strictly inside the bracket:
-    a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
+    Peaks grow about linearly with the batch, so each guess is where the first phase's line
+    through the nearest estimates on both sides crosses the budget (doubling while none is
+    above), kept strictly inside the bracket: a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
     ``count_held`` and ``gpu`` as in :func:`estimate_workload`; ``progress`` is told of each
     estimate as it begins.
     """
@@ -293,5 +293,7 @@ def max_batch_size(
             raise EstimateUnavailable(f"batch size {n} cannot be estimated: {est.reason}")
         return est.peak_bytes
 
-    size = largest_fitting(peak, budget_bytes, low, high, "batch size", progress)
+    size = largest_fitting(
+        peak, budget_bytes, low, high, "batch size", progress, lambda n: made[n].phase_peaks
+    )
     return batch_search(size, low, budget_bytes, made, t0)

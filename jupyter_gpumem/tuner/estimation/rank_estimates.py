@@ -280,4 +280,17 @@ def _worst(config: Config, ranks: list[Estimate], wall_s: float) -> Estimate:
     """The estimate of the whole job: the worst rank's figures, every rank in ``ranks``."""
     failed = next((r for r in ranks if r.peak_bytes is None), None)
     worst = failed or max(ranks, key=lambda r: r.peak_bytes or 0)
-    return replace(worst, rank=None, ranks=tuple(ranks), wall_s=wall_s, config=config)
+    gaps = None if failed else _phase_gaps(worst, ranks)
+    return replace(
+        worst, rank=None, ranks=tuple(ranks), wall_s=wall_s, config=config, phase_gaps=gaps
+    )
+
+
+def _phase_gaps(worst: Estimate, ranks: list[Estimate]) -> dict[str, int] | None:
+    """Each phase's peak over every rank, below the worst rank's peak."""
+    most: dict[str, int] = {}
+    for r in ranks:
+        for phase, peak in (r.phase_peaks or {}).items():
+            most[phase] = max(most.get(phase, 0), peak)
+    assert worst.peak_bytes is not None
+    return {phase: worst.peak_bytes - peak for phase, peak in most.items()} or None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from jupyter_gpumem.units import MOST_BYTES, SIZE_HELP, echoed_kind, format_bytes, parse_size
 
@@ -56,6 +56,7 @@ def largest_fitting(
     high: int | None,
     what: str,
     progress: Callable[[str], None] | None = None,
+    phases: Callable[[int], Mapping[str, int] | None] | None = None,
 ) -> int:
     """The largest size in [low, high] with ``peak(size) <= budget_bytes``; NOTHING_FITS (0)
     when even ``low`` does not, with a warning that says so: never a size not tried.
@@ -65,10 +66,21 @@ def largest_fitting(
     bracket: a peak that is a line is found in four estimates (``low``, the next, the line's
     crossing and one past it). Where the line keeps missing on one side (a peak that curves,
     as eager attention's does with the sequence), every third guess is the bracket's geometric middle instead.
+    ``phases(size)``, where given, is the most held in each phase of an estimated size: the
+    peak is the highest of them, so the guess is where the first phase's own line crosses the
+    budget (a training step's small batches peak in the optimizer step, which the batch does
+    not move, and their line alone would point far past the budget).
     ``what`` names the size in warnings ("batch size"); ``progress`` is told of each estimate
     as it begins ("estimating batch size 2512").
     """
     known: dict[int, int] = {}
+
+    def crossing(n0: int, n1: int) -> int:
+        lines = _phase_lines(phases, n0, n1) if phases is not None else []
+        rising = [(p0, p1) for p0, p1 in lines if p1 > p0]  # a flat phase never crosses
+        if not rising:
+            return _crossing(n0, known[n0], n1, known[n1], budget_bytes)
+        return min(_crossing(n0, p0, n1, p1, budget_bytes) for p0, p1 in rising)
 
     def at(n: int) -> int:
         if n not in known:
@@ -97,7 +109,7 @@ def largest_fitting(
         below = sorted(n for n in known if n <= lo)
         guess = 2 * lo
         if len(below) >= 2:
-            guess = _crossing(below[-2], at(below[-2]), lo, at(lo), budget_bytes) + 1
+            guess = crossing(below[-2], lo) + 1
         guess = max(lo + 1, min(guess, LARGEST))
         if at(guess) <= budget_bytes:
             lo = guess
@@ -109,7 +121,7 @@ def largest_fitting(
         if same_side >= 2:  # halve the bracket's ratio: it may span orders of magnitude
             guess = max(lo + 1, min(math.isqrt(lo * hi), hi - 1))
         else:
-            guess = _crossing(lo, at(lo), hi, at(hi), budget_bytes)
+            guess = crossing(lo, hi)
             guess = max(lo + 1, min(guess, hi - 1))
         fits = at(guess) <= budget_bytes
         if fits:
@@ -119,6 +131,16 @@ def largest_fitting(
         same_side = same_side + 1 if fits == last_fit else 1
         last_fit = fits
     return lo
+
+
+def _phase_lines(
+    phases: Callable[[int], Mapping[str, int] | None], n0: int, n1: int
+) -> list[tuple[int, int]]:
+    """The peaks at ``n0`` and ``n1`` of each phase both sizes have; none where either has none."""
+    at0, at1 = phases(n0), phases(n1)
+    if not at0 or not at1:
+        return []
+    return [(at0[phase], at1[phase]) for phase in at0 if phase in at1]
 
 
 def _crossing(n0: int, p0: int, n1: int, p1: int, budget: int) -> int:
