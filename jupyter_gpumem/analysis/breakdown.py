@@ -422,27 +422,34 @@ def peak_phase(
 
 def phase_peaks(
     marks: Sequence[PhaseMark],
-    times_us: Sequence[int],
+    events: Sequence[TraceEvent],
     allocated: Sequence[int],
     *,
     start_us: int,
     start_bytes: int,
 ) -> dict[str, int]:
-    """The most allocated in each phase: ``allocated[k]`` is the count after the event at
-    ``times_us[k]`` (in time order), ``start_bytes`` the count at ``start_us``; each instant's
-    phase as :func:`peak_phase` names it. Empty without marks."""
+    """The most allocated in each phase: ``allocated[k]`` is the count after ``events[k]`` (in
+    time order), ``start_bytes`` the count at ``start_us``; each instant's phase as
+    :func:`peak_phase` names it. Empty without marks."""
     if not marks:
         return {}
-    out: dict[str, int] = {}
-    mark_times = [m.time_us for m in marks]
-    i = bisect.bisect_right(mark_times, start_us) - 1
-    for when, value in zip((start_us, *times_us), (start_bytes, *allocated), strict=True):
-        while i + 1 < len(marks) and mark_times[i + 1] <= when:
-            i += 1
-        phase = marks[i].phase if i >= 0 else "other"
-        if value > out.get(phase, -1):
-            out[phase] = value
+    start_phase, _ = peak_phase(marks, start_us)
+    out = {start_phase or "other": start_bytes}
+    # the events in each mark's span, found by halving: a decode's trace holds a million
+    bounds = [bisect.bisect_left(events, m.time_us, key=_time_of) for m in marks]
+    spans = [("other", 0, bounds[0])]
+    ends = [*bounds[1:], len(events)]
+    spans += [(m.phase, a, b) for m, a, b in zip(marks, bounds, ends, strict=True)]
+    for phase, a, b in spans:
+        if a < b:
+            most = max(allocated[a:b])
+            if most > out.get(phase, -1):
+                out[phase] = most
     return out
+
+
+def _time_of(event: TraceEvent) -> int:
+    return event.time_us
 
 
 def tensor_records(

@@ -253,6 +253,13 @@ def test_generate_is_estimated_for_a_card_from_the_cpu() -> None:
     assert found.peak_bytes is not None, found.reason
     assert found.notes[0] == "estimated without CUDA, for the A100-40GB"
     assert found.breakdown["kv_cache"] > 0 and found.verdict is not None
+    long = estimate_generate(
+        model, device="cpu", gpu="A100-40GB", **{**sizes, "max_new_tokens": 64}
+    )
+    for est in (found, long):  # the decode steps filled in for the allocator keep time order
+        phases = est.phase_peaks
+        assert phases is not None and {"prefill", "decode"} <= set(phases)
+        assert max(phases.values()) == est.peak_bytes == phases[est.phase]
     # a static cache is compiled on CUDA, and so here: its decode calls in a CUDA graph pool,
     # which reserves the card's L2-sized flush buffer and cuBLAS workspace beside the default pool
     static = estimate_generate(model, gpu="H200", cache_implementation="static", **sizes)

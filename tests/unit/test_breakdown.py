@@ -1,8 +1,18 @@
 """What a block counts as: its request in its category, the rest as the allocator's slack."""
 
-from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize
+import random
+
+from jupyter_gpumem.analysis.breakdown import ALLOCATOR_SLACK, categorize, peak_phase, phase_peaks
 from jupyter_gpumem.analysis.replay import Live, live_blocks, replay
-from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, Tag, TraceEvent
+from jupyter_gpumem.records import (
+    ALLOCATED,
+    FREE,
+    BlockState,
+    PhaseMark,
+    SegmentState,
+    Tag,
+    TraceEvent,
+)
 
 MiB = 2**20
 BASE = 0x7F0000000000
@@ -167,3 +177,23 @@ def test_a_tag_goes_to_the_nearest_storage_of_its_size_past_smaller_ones_between
     grad_tag = Tag(BASE, "gradients", 1_450, MiB)
     assert _category_of(events, 0, [grad_tag]) == "temporary"
     assert _category_of(events, 3, [grad_tag]) == "gradients"
+
+
+def test_each_phase_peak_is_the_most_allocated_at_any_instant_of_that_phase() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        times = sorted(rng.randrange(0, 60) for _ in range(rng.randrange(0, 40)))
+        events = [TraceEvent("alloc", 512 * (k + 1), 512, t) for k, t in enumerate(times)]
+        allocated = [rng.randrange(0, 10_000) for _ in events]
+        mark_times = sorted(rng.randrange(0, 60) for _ in range(rng.randrange(1, 6)))
+        phases = ("forward", "backward", "optimizer")
+        marks = [PhaseMark(t, rng.choice(phases), 0) for t in mark_times]
+        start = rng.randrange(0, 30)
+        expected: dict[str, int] = {}
+        instants = [(start, 5_000), *zip(times, allocated, strict=True)]
+        for when, value in instants:
+            phase = peak_phase(marks, when)[0] or "other"
+            expected[phase] = max(expected.get(phase, -1), value)
+        got = phase_peaks(marks, events, allocated, start_us=start, start_bytes=5_000)
+        assert got == expected
+    assert phase_peaks([], [], [], start_us=0, start_bytes=1) == {}

@@ -551,7 +551,7 @@ def _peaks(
     phase, _ = peak_phase(run.marks, when)
     phases = phase_peaks(
         run.marks,
-        [e.time_us for e in events],
+        events,
         result.allocated_series,
         start_us=run.window_clock,
         start_bytes=result.allocated_start,
