@@ -5,7 +5,9 @@ search over ranks, all from the meta device.
 
 Each case runs in this process once with repeated blocks replayed and once with every block
 traced (``block_replay.ENABLED``; ``--no-traced`` skips the second way, for the slow cases), after a
-first answer that pays the imports, CUDA and the probe process; ``--in-turn`` adds a run with
+first answer that pays the imports, CUDA and the probe process; the batch searches are also timed
+with their guesses from the line through the totals (``total_line``, ``search.PHASE_LINES``
+off), as before each phase drew its own; ``--in-turn`` adds a run with
 every estimate made one after the other (``forked.ENABLED``: the rank layouts and a search's
 anchors are made at once, in forked children, where the host has the cores). ``equal`` says whether the two
 ways gave the same figures (the peak and the breakdown of every rank; the batch found; the
@@ -177,6 +179,9 @@ CASES: dict[str, Callable[[str], Callable[[], Any]]] = {
 }
 
 
+SIZE_SEARCHES = ("llama-1.5b-max-batch-size-bf16-autocast", "llama-8b-max-generate-batch")
+
+
 def timed(row: dict[str, Any], way: str, answer: Callable[[], Any]) -> Any:
     """``answer()``, its wall time in ``row[way + "_s"]``; beside it the CPU time of this
     process and of the children it waited for (the forked estimates, the probes) and the host's
@@ -196,12 +201,19 @@ def timed(row: dict[str, Any], way: str, answer: Callable[[], Any]) -> Any:
 
 
 def one(name: str, device: str, traced: bool, in_turn: bool) -> dict[str, Any]:
-    from jupyter_gpumem.tuner.estimation import block_replay, forked
+    from jupyter_gpumem.tuner.estimation import block_replay, forked, search
 
     answer = CASES[name](device)
     row: dict[str, Any] = {"case": name}
     timed(row, "first", answer)
     replayed = timed(row, "replayed", answer)
+    if name in SIZE_SEARCHES:  # the guesses from the line through the totals, as before
+        search.PHASE_LINES = False
+        try:
+            found = timed(row, "total_line", answer)
+        finally:
+            search.PHASE_LINES = True
+        row["total_line_found"] = json.loads(json.dumps(found, default=str))
     if in_turn:  # every estimate made one after the other, as before they were made at once
         forked.ENABLED = False
         try:

@@ -11,6 +11,7 @@ from jupyter_gpumem.units import MOST_BYTES, SIZE_HELP, echoed_kind, format_byte
 LARGEST = 1 << 20  # sizes searched without a high bound
 MOST_SIZE = 2**31 - 1  # the largest batch size taken, far past any batch a step holds
 NOTHING_FITS = 0  # the size found where even the smallest tried is over the budget
+PHASE_LINES = True  # guesses from each phase's line; bench/answer_speed.py times the totals' too
 
 
 def budget_of(budget: int | str) -> int:
@@ -76,7 +77,7 @@ def largest_fitting(
     known: dict[int, int] = {}
 
     def crossing(n0: int, n1: int) -> int:
-        lines = _phase_lines(phases, n0, n1) if phases is not None else []
+        lines = _phase_lines(phases, n0, n1) if phases is not None and PHASE_LINES else []
         rising = [(p0, p1) for p0, p1 in lines if p1 > p0]  # a flat phase never crosses
         if not rising:
             return _crossing(n0, known[n0], n1, known[n1], budget_bytes)
