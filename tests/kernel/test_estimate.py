@@ -313,6 +313,9 @@ def test_the_estimate_displays_and_serialises() -> None:
     data = json.loads(json.dumps(est.to_dict()))
     assert data["peak_bytes"] == est.peak_bytes and data["breakdown"] == est.breakdown
     assert data["label"] == "sgd" and "config" not in data
+    assert (
+        data["phase_peaks"] == est.phase_peaks and max(est.phase_peaks.values()) == est.peak_bytes
+    )
     assert est.fits(est.peak_bytes) is True and est.fits(est.peak_bytes - 1) is False
     assert est.against(est.peak_bytes).endswith("(error +0.0%)")
 

@@ -108,6 +108,7 @@ class Estimate:
         out["ranks"] = [r.to_dict() for r in self.ranks]
         out["notes"] = list(self.notes)
         out["total_bytes"] = self.total_bytes
+        out["phase_peaks"] = self.phase_peaks
         return out
 
     # -- display ---------------------------------------------------------------------------
