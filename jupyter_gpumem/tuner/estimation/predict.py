@@ -265,7 +265,8 @@ def max_batch_size(
 
     Peaks grow about linearly with the batch, so each guess is where the first phase's line
     through the nearest estimates on both sides crosses the budget (doubling while none is
-    above), kept strictly inside the bracket: a handful of fake runs. Raises :class:`EstimateUnavailable` when a size cannot be estimated.
+    above), kept strictly inside the bracket: a handful of fake runs. Raises
+    :class:`EstimateUnavailable` when a size cannot be estimated.
     ``count_held`` and ``gpu`` as in :func:`estimate_workload`; ``progress`` is told of each
     estimate as it begins.
     """
