@@ -41,3 +41,14 @@ def _no_kept_segment_summaries() -> Iterator[None]:
     SUMMARIES.clear()
     yield
     SUMMARIES.clear()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _allocator_counts_checked() -> Iterator[None]:
+    """Every estimate the tests make checks the allocator model's own count against the
+    replay of its trace (the workers of estimates without CUDA are told so too)."""
+    from jupyter_gpumem.tuner.estimation import fake_peaks
+
+    fake_peaks.CHECKED = True
+    yield
+    fake_peaks.CHECKED = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -280,3 +281,47 @@ def test_cleared_workspaces_leave_the_peak_and_go_with_the_next_capture() -> Non
     assert cleared.breakdown["library_workspace"] == 0
     assert cleared.breakdown["unattributed"] == 0
     assert sum(cleared.breakdown.values()) == cleared.peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_its_own_count_is_the_replay_of_its_trace(seed: int) -> None:
+    """From any event on, the peaks, series and live blocks the model counts are what the
+    replay of its trace gives, over the layout it had there."""
+    rng = random.Random(seed)
+    start = (
+        SegmentState(
+            1 << 40,
+            20 * MiB,
+            False,
+            (
+                BlockState(1 << 40, 4 * MiB, ALLOCATED, None),
+                BlockState((1 << 40) + 4 * MiB, 16 * MiB, FREE),
+            ),
+        ),
+    )
+    alloc = CachingAllocator(start if seed % 2 else ())
+    live = [1 << 40] if seed % 2 else []
+    layouts = {0: alloc.layout()}
+    sizes = (1, 511, 513, 4096, 300_000, MiB, MiB + 1, 3 * MiB, 9 * MiB, 12 * MiB, 45 * MiB)
+    for _ in range(rng.randrange(20, 120)):
+        if live and rng.random() < 0.45:
+            alloc.free(live.pop(rng.randrange(len(live))))
+        elif rng.random() < 0.05:
+            alloc.empty_cache()
+        else:
+            live.append(alloc.malloc(rng.choice(sizes) + rng.randrange(0, 2048)))
+        if rng.random() < 0.2:
+            layouts[len(alloc.events)] = alloc.layout()
+    for first, layout in layouts.items():
+        counted = alloc.played(first)
+        at_start = (4 * MiB, 20 * MiB) if seed % 2 else (0, 0)
+        before = (alloc.allocated_series[first - 1], alloc.reserved_series[first - 1])
+        before = before if first else at_start
+        replayed = replay(
+            layout, alloc.events[first:], allocated_start=before[0], reserved_start=before[1]
+        )
+        assert replayed.exact, replayed.reason
+        for name in ("allocated_start", "allocated_end", "reserved_start", "reserved_end",
+                     "peak_allocated", "peak_reserved", "peak_index", "live_at_peak",
+                     "allocated_series", "reserved_series"):  # fmt: skip
+            assert getattr(counted, name) == getattr(replayed, name), name

@@ -4,7 +4,9 @@
 every address. An estimate has no real allocator, so this model chooses them as the real one does
 by default, and writes down what it did as the allocator's own trace (``segment_alloc``,
 ``alloc``, ``free_requested``, ``free_completed``), which :func:`~jupyter_gpumem.analysis.replay.replay`
-then reads like any recorded window.
+reads like any recorded window. The model counts as it goes, so :meth:`CachingAllocator.played`
+gives what that replay would, without playing the events again (a long decode's trace holds a
+million of them).
 
 The rules (``c10/cuda/CUDACachingAllocator.cpp``, default settings):
 
@@ -36,7 +38,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.analysis.replay import MIN_BLOCK, SMALL_SEGMENT, SMALL_SIZE, round_size
+from jupyter_gpumem.analysis.replay import (
+    MIN_BLOCK,
+    SMALL_SEGMENT,
+    SMALL_SIZE,
+    Live,
+    Replay,
+    round_size,
+)
 from jupyter_gpumem.records import ALLOCATED, FREE, BlockState, SegmentState, TraceEvent
 
 LARGE_SEGMENT = 20 << 20  # requests in (1 MiB, 10 MiB) share segments of this size
@@ -63,12 +72,14 @@ class _Block:
     usable: bool  # False for blocks of segments on other streams
     pool: int = 0  # 0: the default pool; others: private pools (CUDA graphs')
     requested: int | None = None  # what the allocated block's tensor asked for, where known
+    alloc_index: int = -1  # the event that allocated it; -1 for a block of the starting layout
     prev: _Block | None = None
     next: _Block | None = None
 
 
 class CachingAllocator:
-    """The allocator's blocks and segments; ``malloc`` and ``free`` append to ``events``.
+    """The allocator's blocks and segments; ``malloc`` and ``free`` append to ``events``, and
+    the counters after each event to ``allocated_series`` and ``reserved_series``.
 
     ``segments`` is the layout to start from (as a snapshot gives it); the segments whose
     addresses are in ``foreign`` belong to other streams: reserved, but never allocated from.
@@ -78,8 +89,13 @@ class CachingAllocator:
         self, segments: Sequence[SegmentState] = (), *, foreign: Collection[int] = ()
     ) -> None:
         self.events: list[TraceEvent] = []
+        self.allocated_series: list[int] = []
+        self.reserved_series: list[int] = []
         self.allocated = 0
         self.reserved = 0
+        # each free: its event, and the freed block (address, size, request, alloc event)
+        self._freed_at: list[int] = []
+        self._freed: list[tuple[int, int, int, int]] = []
         self._blocks: dict[int, _Block] = {}
         self._heads: dict[int, _Block] = {}  # segment address -> its first block
         # (pool, small) -> free blocks as (size, address)
@@ -88,6 +104,7 @@ class CachingAllocator:
         for seg in sorted(segments, key=lambda s: s.address):
             self._add_segment(seg, usable=seg.address not in foreign)
             end = max(end, seg.address + seg.total_size)
+        self._start = (self.allocated, self.reserved)
         self._next_address = ROUND_LARGE * -(-(end + ROUND_LARGE) // ROUND_LARGE)
 
     # -- the allocator's two calls ---------------------------------------------------------
@@ -130,8 +147,11 @@ class CachingAllocator:
             self._blocks[rest.address] = rest
             bisect.insort(free, (rest.size, rest.address))
         block.allocated, block.requested = True, requested
+        block.alloc_index = len(self.events)
         self.allocated += block.size
         self.events.append(TraceEvent("alloc", block.address, requested, time_us, frames))
+        self.allocated_series.append(self.allocated)
+        self.reserved_series.append(self.reserved)
         return block.address
 
     def free(self, address: int, time_us: int = 0) -> None:
@@ -139,10 +159,14 @@ class CachingAllocator:
         block = self._blocks.get(address)
         if block is None or not block.allocated:
             raise ValueError(f"free of {address:#x}, which the model does not hold as allocated")
+        self._freed_at.append(len(self.events))
+        self._freed.append((address, block.size, _request(block), block.alloc_index))
         block.allocated, block.requested = False, None
         self.allocated -= block.size
         self.events.append(TraceEvent("free_requested", address, block.size, time_us))
         self.events.append(TraceEvent("free_completed", address, block.size, time_us))
+        self.allocated_series += (self.allocated, self.allocated)
+        self.reserved_series += (self.reserved, self.reserved)
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated and neighbour.usable:
                 _drop(
@@ -162,6 +186,8 @@ class CachingAllocator:
             del self._blocks[address], self._heads[address]
             self.reserved -= head.size
             self.events.append(TraceEvent("segment_free", address, head.size, time_us))
+            self.allocated_series.append(self.allocated)
+            self.reserved_series.append(self.reserved)
 
     def block_size(self, address: int) -> int | None:
         """The size of the allocated block that starts at ``address``; None if there is none."""
@@ -182,6 +208,62 @@ class CachingAllocator:
                 block = block.next
             out.append(SegmentState(address, total, head.small, tuple(blocks), head.pool != 0))
         return tuple(out)
+
+    def played(self, first: int = 0) -> Replay:
+        """What :func:`~jupyter_gpumem.analysis.replay.replay` gives for the events from
+        ``first`` on, over the layout before them: the peaks from the model's own counters and
+        the blocks live at the allocated peak from its own blocks, every segment's (nothing
+        held apart)."""
+        allocated, reserved = self.allocated_series, self.reserved_series
+        a0, r0 = (allocated[first - 1], reserved[first - 1]) if first else self._start
+        peak, peak_index = a0, -1
+        if len(allocated) > first:
+            most = max(allocated[first:])
+            if most > a0:
+                peak, peak_index = most, allocated.index(most, first) - first
+        peak_reserved = max(r0, max(reserved[first:], default=r0))
+        return Replay(
+            exact=True,
+            reason=None,
+            allocated_start=a0,
+            allocated_end=self.allocated,
+            reserved_start=r0,
+            reserved_end=self.reserved,
+            peak_allocated=peak,
+            peak_reserved=peak_reserved,
+            peak_index=peak_index,
+            touched_at_peak=self._live_after(first + peak_index, first),
+            allocated_series=tuple(allocated[first:]),
+            reserved_series=tuple(reserved[first:]),
+        )
+
+    def _live_after(self, index: int, first: int) -> tuple[Live, ...]:
+        """The blocks allocated just after event ``index`` (before ``first``: at its start),
+        by address; each one's alloc event counted from ``first``, -1 where it came before."""
+
+        def since(at: int) -> int:
+            return at - first if at >= first else -1
+
+        live = [
+            Live(b.address, b.size, _request(b), since(b.alloc_index))
+            for b in self._blocks.values()
+            if b.allocated and b.alloc_index <= index
+        ]
+        later = bisect.bisect_right(self._freed_at, index)
+        live += [
+            Live(address, size, requested, since(at))
+            for address, size, requested, at in self._freed[later:]
+            if at <= index
+        ]
+        return tuple(sorted(live))
+
+    def close(self) -> None:
+        """Unlink the blocks, each of which holds its neighbours (a reference cycle), so that
+        the model is freed as soon as it is dropped; it takes no call after this."""
+        for block in self._blocks.values():
+            block.prev = block.next = None
+        self._blocks.clear()
+        self._heads.clear()
 
     # -- helpers -----------------------------------------------------------------------------
     def _add_segment(self, seg: SegmentState, *, usable: bool) -> None:
@@ -228,6 +310,8 @@ class CachingAllocator:
         self._heads[address] = block
         self.reserved += size
         self.events.append(TraceEvent("segment_alloc", address, size, time_us))
+        self.allocated_series.append(self.allocated)
+        self.reserved_series.append(self.reserved)
         return block
 
     def _merge(self, block: _Block, other: _Block) -> _Block:
@@ -238,6 +322,11 @@ class CachingAllocator:
             second.next.prev = first
         del self._blocks[second.address]
         return first
+
+
+def _request(block: _Block) -> int:
+    """An allocated block's request; the whole block where its layout did not say."""
+    return block.size if block.requested is None else block.requested
 
 
 def _drop(pool: list[tuple[int, int]], entry: tuple[int, int]) -> None:

@@ -97,8 +97,7 @@ def estimate(
     why = cuda_stand_in.unavailable(torch)
     if why is not None:
         return unavailable(config, card.name, why, batch_size, t0)
-    replay = block_replay.ENABLED  # the switch, as the worker is to see it
-    job = (workload, config, card, batch, make_batch, batch_size, primed, replay)
+    job = (workload, config, card, batch, make_batch, batch_size, primed)
     found = _answer(_estimate_job, job, config, card, batch_size, t0)
     return replace(found, notes=(*found.notes, *notes))
 
@@ -136,8 +135,9 @@ def _answer(
     t0: float,
 ) -> Estimate:
     """``work(job)`` done by the worker, as an Estimate (the reason where it failed)."""
+    switches = (block_replay.ENABLED, fake_peaks.CHECKED)  # as the worker is to see them
     try:
-        found = WORKER.call(work, job)
+        found = WORKER.call(_switched, (work, job, switches))
     except BaseException:
         WORKER.stop()  # an interrupt leaves the worker mid-estimate: a fresh one next time
         raise
@@ -146,9 +146,15 @@ def _answer(
     return replace(found, wall_s=time.perf_counter() - t0)
 
 
+def _switched(job: tuple[Any, ...]) -> Any:
+    """``work(job)`` in the worker, with the caller's switches (:data:`.block_replay.ENABLED`,
+    :data:`.fake_peaks.CHECKED`)."""
+    work, inner, (block_replay.ENABLED, fake_peaks.CHECKED) = job
+    return work(inner)
+
+
 def _estimate_job(job: tuple[Any, ...]) -> Estimate:
-    workload, config, card, batch, make_batch, batch_size, primed, replay = job
-    block_replay.ENABLED = replay
+    workload, config, card, batch, make_batch, batch_size, primed = job
     return _in_worker(
         workload, config, card, batch, make_batch, batch_size, primed, time.perf_counter()
     )
