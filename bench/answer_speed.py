@@ -2,6 +2,7 @@
 search over ranks, all from the meta device.
 
     python bench/answer_speed.py OUT.json [--device=cuda] [--only=NAME,...] [--no-traced] [--in-turn]
+                                          [--lived-in]
 
 Each case runs in this process once with repeated blocks replayed and once with every block
 traced (``block_replay.ENABLED``; ``--no-traced`` skips the second way, for the slow cases), after a
@@ -12,7 +13,10 @@ every estimate made one after the other (``forked.ENABLED``: the rank layouts an
 anchors are made at once, in forked children, where the host has the cores). ``equal`` says whether the two
 ways gave the same figures (the peak and the breakdown of every rank; the batch found; the
 search's winner and its estimate). Each way's ``_cpu_s`` and ``_load`` tell the time spent
-estimating from the time spent waiting (see :func:`timed`). The targets (issue 55): one estimate of a 70B-class FSDP2 over
+estimating from the time spent waiting (see :func:`timed`). ``--lived-in`` first fills the
+process as a kernel after an hour of work holds Python objects (2,000,000 small dicts, a
+dataset's rows, as ``bench/scale.py``'s lived-in kernel): every full collection of the cycle
+collector visits them. The targets (issue 55): one estimate of a 70B-class FSDP2 over
 1,024 ranks <= 10 s; ``max_batch_size`` and ``max_generate_batch`` <= 5 s; a search over 1-8
 ranks <= 30 s.
 """
@@ -245,6 +249,11 @@ def main() -> None:
     )
     traced = "--no-traced" not in sys.argv
     in_turn = "--in-turn" in sys.argv
+    held = (
+        [{"id": i, "label": i % 10, "text": f"sample {i}"} for i in range(2_000_000)]
+        if "--lived-in" in sys.argv
+        else []
+    )
     out = Path(args[0] if args else "bench/results/answer_speed_cpu.json")
     rows = []
     for name in CASES:
@@ -253,7 +262,8 @@ def main() -> None:
         row = one(name, device, traced, in_turn)
         print(json.dumps(row), flush=True)
         rows.append(row)
-        out.write_text(json.dumps({"meta": meta_of(device), "rows": rows}, indent=2) + "\n")
+        meta = {**meta_of(device), "lived_in_objects": len(held)}
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
 
 def _gpu_name() -> str:
